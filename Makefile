@@ -1,0 +1,29 @@
+# The two commands of the README. Both create the local environment if it is missing.
+PY      ?= python3
+VENV    ?= .venv
+DATASET ?= beir:scifact
+WAREHOUSE ?= warehouses/scifact
+SIRA    := $(VENV)/bin/sira
+
+.PHONY: run test env bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip uv
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev]'
+	touch $@
+
+env: $(VENV)/.installed
+
+run: env
+	$(SIRA) eval --dataset $(DATASET) --preset sira --warehouse $(WAREHOUSE) --output-json $(WAREHOUSE)/eval-sira.json
+	$(SIRA) eval --dataset $(DATASET) --preset pyserini-flat --warehouse $(WAREHOUSE) --output-json $(WAREHOUSE)/eval-pyserini-flat.json
+
+test: env
+	$(VENV)/bin/python -m pytest -q -ra
+
+bench: env
+	$(VENV)/bin/python bench/query_speed.py --output-json bench/results/query_speed.json
+
+clean:
+	rm -rf warehouses spark-warehouse metastore_db

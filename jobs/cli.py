@@ -1,0 +1,137 @@
+"""The `sira` command line: one subcommand per job; each validates its flags into the job's typed config."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from jobs.progress import console
+
+stdout = Console()  # results go to stdout; logs and progress go to stderr (jobs.progress.console)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
+
+OutputJson = typer.Option(None, "--output-json", help="write the job's summary as JSON to this path")
+Warehouse = typer.Option(..., "--warehouse", "-w", envvar="SIRA_WAREHOUSE", help="warehouse directory or URI")
+
+
+def _write_json(summary: dict, path: Optional[Path]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+@app.command()
+def ingest(
+    source: str = typer.Argument(..., help="beir:NAME, a BEIR folder, a .jsonl[.gz] or a .parquet file"),
+    warehouse: str = Warehouse,
+    output_json: Optional[Path] = OutputJson,
+):
+    """Validate a corpus and write the Delta `docs` table; bad records go to `rejected` with the reason."""
+    from jobs import ingest as job
+
+    summary = job.run(job.IngestConfig(source=source, warehouse=warehouse))
+    console.print(
+        f"read {summary['read']}  kept {summary['kept']}  rejected {summary['rejected']}"
+        + (f"  {summary['rejected_by_reason']}" if summary["rejected"] else "")
+    )
+    _write_json(summary, output_json)
+
+
+@app.command()
+def index(
+    warehouse: str = Warehouse,
+    preset: str = typer.Option("sira", help="pyserini-flat | sira"),
+    shards: int = typer.Option(4, help="number of doc shards"),
+    spark_master: str = typer.Option("local[*]", "--spark-master", help="Spark master URL"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Build a new index version with Spark (term_stats, corpus_stats, postings, shard_docs)."""
+    from jobs import index as job
+
+    summary = job.run(job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master))
+    console.print(f"published index version {summary['index_version']}: {summary['num_docs']} docs, "
+                  f"{summary['num_terms']} terms, {summary['num_shards']} shards")
+    _write_json(summary, output_json)
+
+
+@app.command()
+def search(
+    text: str = typer.Argument(..., help="the query"),
+    warehouse: str = Warehouse,
+    k: int = typer.Option(10, "-k", min=1, max=10_000),
+    index_version: Optional[int] = typer.Option(None, help="default: the newest published version"),
+    preset: Optional[str] = typer.Option(None, help="newest version of this preset"),
+    explain: bool = typer.Option(False, "--explain", help="show each hit's per-term contributions"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+):
+    """Search one query and print the ranked hits."""
+    from pipelines.shard_loader import load_searcher
+
+    searcher, manifest = load_searcher(warehouse, index_version, preset)
+    part = searcher.parts_for_text(text)
+    hits = searcher.search([part], k=k, explain=explain)
+    if as_json:
+        out = {
+            "query": text,
+            "index_version": manifest["index_version"],
+            "terms": list(part.terms),
+            "hits": [
+                {"rank": i, "doc_id": h.doc_id, "score": h.score, **({"contributions": h.contributions} if explain else {})}
+                for i, h in enumerate(hits, 1)
+            ],
+        }
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    table = Table(title=f"{text!r}  (index v{manifest['index_version']}, {manifest['preset']})")
+    for col in ("rank", "doc_id", "score") + (("contributions",) if explain else ()):
+        table.add_column(col)
+    for i, h in enumerate(hits, 1):
+        row = [str(i), h.doc_id, f"{h.score:.4f}"]
+        if explain:
+            row.append(", ".join(f"{t}={v:.3f}" for t, v in sorted(h.contributions.items(), key=lambda kv: -kv[1])))
+        table.add_row(*row)
+    stdout.print(table) if hits else stdout.print("no hits")
+
+
+@app.command("eval")
+def eval_(
+    dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
+    preset: str = typer.Option("sira", help="pyserini-flat | sira"),
+    split: str = typer.Option("test"),
+    variant: str = typer.Option("bm25"),
+    warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
+    shards: int = typer.Option(4),
+    spark_master: str = typer.Option("local[*]", "--spark-master"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
+    from jobs import eval as job
+
+    summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant,
+                                     warehouse=warehouse, shards=shards, spark_master=spark_master))
+    table = Table(title=f"{summary['dataset']} / {summary['split']} / {summary['preset']} / {summary['variant']} "
+                        f"({summary['num_queries']} queries)")
+    for m in summary["metrics"]:
+        table.add_column(m)
+    table.add_row(*(f"{v:.4f}" for v in summary["metrics"].values()))
+    stdout.print(table)
+    _write_json(summary, output_json)
+
+
+def main() -> None:
+    try:
+        app()
+    except (ValidationError, FileNotFoundError, LookupError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

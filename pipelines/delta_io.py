@@ -1,0 +1,49 @@
+"""Delta tables through delta-rs: the JVM-free side of the warehouse (ingest writes, searcher reads)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+
+def table_exists(uri: str) -> bool:
+    return DeltaTable.is_deltatable(uri)
+
+
+def table_version(uri: str) -> int | None:
+    """Latest committed version, or None when there is no table."""
+    try:
+        return DeltaTable(uri).version()
+    except TableNotFoundError:
+        return None
+
+
+def read_table(
+    uri: str,
+    version: int | None = None,
+    filters: Sequence[tuple] | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """Read one version of a table; `filters` are DNF tuples like ("shard", "=", 3)."""
+    try:
+        dt = DeltaTable(uri, version=version)
+    except TableNotFoundError:
+        raise FileNotFoundError(f"no Delta table at {uri}") from None
+    dataset = dt.to_pyarrow_dataset()
+    expr = None
+    for col, op, value in filters or ():
+        if op != "=":
+            raise ValueError(f"unsupported filter operator {op!r}")
+        term = pc.field(col) == value
+        expr = term if expr is None else expr & term
+    return dataset.to_table(columns=list(columns) if columns else None, filter=expr)
+
+
+def write_table(uri: str, data, mode: str = "append", partition_by: Sequence[str] | None = None) -> int:
+    """Write in one commit (the data's own Arrow schema); returns the new table version."""
+    write_deltalake(uri, data, mode=mode, partition_by=list(partition_by) if partition_by else None)
+    return DeltaTable(uri).version()

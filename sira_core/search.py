@@ -1,0 +1,105 @@
+"""The searcher: weighted query parts -> one BM25 call over all shards -> merged top-k.
+
+    score(d) = sum over parts p of  weight_p * BM25(terms_p, d)
+
+Each part's terms keep their query term frequency (a term said twice counts twice), so
+`[QueryPart(original, 1.0), QueryPart(expansion, w)]` is `BM25(q_orig, d) + w * BM25(q_exp, d)`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from sira_core.analysis import Analyzer
+from sira_core.bm25 import SCORE_DTYPE, CorpusStats, ShardIndex, WeightedQuery
+from sira_core.hashing import term_id
+
+
+@dataclass(frozen=True)
+class QueryPart:
+    """Analysed terms (with repetition) and the weight of this part of the query."""
+
+    terms: tuple[str, ...]
+    weight: float = 1.0
+    name: str = "original"
+
+
+@dataclass(frozen=True)
+class Hit:
+    doc_id: str
+    score: float
+    shard: int
+    doc_ord: int
+    contributions: dict[str, float] = field(default_factory=dict)
+
+
+def compile_query(parts: Sequence[QueryPart]) -> WeightedQuery:
+    """Sum each term's weight over parts: weight_p x (count of the term in part p)."""
+    weights: dict[str, float] = {}
+    for part in parts:
+        if part.weight <= 0:
+            raise ValueError(f"query part {part.name!r} has weight {part.weight}; weights must be > 0")
+        for t, n in Counter(part.terms).items():
+            weights[t] = weights.get(t, 0.0) + part.weight * n
+    terms = tuple(weights)
+    return WeightedQuery(
+        terms=terms,
+        term_ids=np.array([term_id(t) for t in terms], dtype=np.int64),
+        weights=np.array([weights[t] for t in terms], dtype=SCORE_DTYPE),
+    )
+
+
+class Searcher:
+    """All shards of one index version, scored with shared corpus-wide statistics."""
+
+    def __init__(self, shards: Sequence[ShardIndex], stats: CorpusStats, analyzer: Analyzer):
+        if not shards:
+            raise ValueError("a searcher needs at least one shard")
+        self.shards = list(shards)
+        self.stats = stats
+        self.analyzer = analyzer
+
+    @property
+    def num_docs(self) -> int:
+        return sum(s.num_docs for s in self.shards)
+
+    def parts_for_text(self, text: str, weight: float = 1.0, name: str = "original") -> QueryPart:
+        return QueryPart(tuple(self.analyzer.terms(text)), weight, name)
+
+    def search(
+        self,
+        query: str | Sequence[QueryPart],
+        k: int = 10,
+        exclude_doc_ids: Iterable[str] = (),
+        explain: bool = False,
+    ) -> list[Hit]:
+        parts = [self.parts_for_text(query)] if isinstance(query, str) else list(query)
+        wq = compile_query(parts)
+        excluded = set(exclude_doc_ids)
+        depth = k + len(excluded)
+        per_shard = []
+        for shard in self.shards:
+            ords, scores = shard.top_k(wq, depth)
+            per_shard.append(
+                [(-float(s), shard.doc_ids[o], shard.shard, int(o)) for o, s in zip(ords.tolist(), scores.tolist())]
+            )
+        hits: list[Hit] = []
+        for neg_score, doc_id, shard_no, ord_ in heapq.merge(*per_shard):
+            if doc_id in excluded:
+                continue
+            contrib = self._shard(shard_no).contributions(ord_, wq) if explain else {}
+            hits.append(Hit(doc_id, -neg_score, shard_no, ord_, contrib))
+            if len(hits) == k:
+                break
+        return hits
+
+    def _shard(self, shard_no: int) -> ShardIndex:
+        for s in self.shards:
+            if s.shard == shard_no:
+                return s
+        raise KeyError(shard_no)

@@ -1,0 +1,74 @@
+"""Heavy fixtures are created once per test session: one local Spark, one tiny BEIR folder, one warehouse."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+TINY_DOCS = [
+    {"_id": "d01", "title": "Heart attack", "text": "Myocardial infarction, commonly called a heart attack, damages the heart muscle."},
+    {"_id": "d02", "title": "Aspirin", "text": "Aspirin reduces the risk of heart attack and stroke in some patients."},
+    {"_id": "d03", "title": "Stroke", "text": "A stroke happens when blood flow to the brain is blocked."},
+    {"_id": "d04", "title": "Diabetes", "text": "Insulin resistance is a hallmark of type 2 diabetes mellitus."},
+    {"_id": "d05", "title": "Insulin", "text": "Insulin is a hormone produced by the pancreas; insulin lowers blood glucose."},
+    {"_id": "d06", "title": "Exercise", "text": "Regular exercise lowers blood pressure and the risk of heart disease."},
+    {"_id": "d07", "title": "", "text": "Statins lower LDL cholesterol and prevent heart attacks."},
+    {"_id": "d08", "title": "Sleep", "text": "Poor sleep is linked to obesity, diabetes and high blood pressure."},
+    {"_id": "d09", "title": "Café culture", "text": "Coffee drinking at the café: caffeine raises alertness."},
+    {"_id": "d10", "title": "Blood", "text": "Blood carries oxygen; blood pressure is measured in mmHg. Blood blood blood."},
+    {"_id": "d11", "title": "Cholesterol", "text": "High cholesterol is a risk factor for heart disease and stroke."},
+    {"_id": "d12", "title": "Glucose", "text": "Glucose monitoring helps patients with diabetes manage blood sugar."},
+]
+TINY_QUERIES = {
+    "q1": "heart attack risk",
+    "q2": "insulin and blood glucose",
+    "q3": "blood pressure",
+    "q4": "cafe caffeine",
+    "q5": "zzzz unknownword",
+}
+TINY_QRELS = {"q1": {"d01": 1, "d02": 1}, "q2": {"d05": 2, "d12": 1}, "q3": {"d10": 1, "d06": 1}, "q4": {"d09": 1},
+              "q5": {"d03": 1}}
+
+
+def write_beir_folder(root: Path, docs=TINY_DOCS, queries=TINY_QUERIES, qrels=TINY_QRELS, split="test") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    with gzip.open(root / "corpus.jsonl.gz", "wt", encoding="utf-8") as fh:
+        for d in docs:
+            fh.write(json.dumps(d) + "\n")
+    with gzip.open(root / "queries.jsonl.gz", "wt", encoding="utf-8") as fh:
+        for qid, text in queries.items():
+            fh.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    (root / "qrels").mkdir(exist_ok=True)
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q, rel in qrels.items() for d, r in rel.items()]
+    (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_beir(tmp_path_factory) -> Path:
+    return write_beir_folder(tmp_path_factory.mktemp("data") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pipelines.spark_session import get_spark
+
+    session = get_spark("local[2]", app_name="sira-tests", conf={"spark.driver.memory": "2g"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_warehouse(tmp_path_factory, tiny_beir, spark) -> str:
+    """Tiny corpus ingested, then indexed twice with the sira preset: v1 with 1 shard, v2 with 3 shards."""
+    from jobs import index as index_job
+    from jobs import ingest as ingest_job
+
+    wh = str(tmp_path_factory.mktemp("wh") / "tiny")
+    ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))
+    index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=1), spark=spark)
+    index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=3), spark=spark)
+    return wh

@@ -1,0 +1,70 @@
+"""The `sira` command line, in process (sharing the session's Spark) and as a real subprocess."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from conftest import TINY_DOCS, write_beir_folder
+
+pytestmark = pytest.mark.integration
+runner = CliRunner()
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_ingest_index_search_explain_json(tmp_path, tiny_beir, spark):
+    wh = tmp_path / "wh"
+    invoke("ingest", tiny_beir, "--warehouse", wh, "--output-json", tmp_path / "ingest.json")
+    assert json.loads((tmp_path / "ingest.json").read_text())["kept"] == len(TINY_DOCS)
+    invoke("index", "--warehouse", wh, "--preset", "pyserini-flat", "--shards", 2, "--output-json", tmp_path / "i.json")
+    assert json.loads((tmp_path / "i.json").read_text())["num_shards"] == 2
+
+    out = json.loads(invoke("search", "heart attack", "-w", wh, "-k", 3, "--explain", "--json").stdout)
+    assert out["terms"] == ["heart", "attack"]
+    assert [h["rank"] for h in out["hits"]] == [1, 2, 3]
+    assert out["hits"][0]["doc_id"] == "d01"
+    assert all(abs(sum(h["contributions"].values()) - h["score"]) < 1e-3 for h in out["hits"])
+    table = invoke("search", "heart attack", "-w", wh, "--explain").stdout
+    assert "d01" in table and "heart=" in table
+
+
+def test_eval_builds_what_is_missing_and_writes_the_json_contract(tmp_path, tiny_beir, spark):
+    out = tmp_path / "eval.json"
+    invoke("eval", "--dataset", tiny_beir, "--preset", "sira", "-w", tmp_path / "wh", "--output-json", out)
+    summary = json.loads(out.read_text())
+    assert {"dataset", "split", "preset", "variant", "num_queries", "metrics"} <= summary.keys()
+    assert (summary["dataset"], summary["split"], summary["preset"], summary["variant"]) == ("tiny", "test", "sira", "bm25")
+    assert summary["num_queries"] == 5
+    assert set(summary["metrics"]) == {"ndcg@10", "recall@10", "recall@100"}
+    assert 0 < summary["metrics"]["ndcg@10"] <= 1
+    # Query q5 has no matching term: it counts as 0, it is not dropped from the mean.
+    assert summary["metrics"]["recall@100"] == pytest.approx(4 / 5)
+    first_run = (tmp_path / "wh" / "runs").glob("*.trec")
+    assert next(first_run).read_text().split("\n")[0].split()[1] == "Q0"
+
+
+def test_datasets_whose_queries_are_documents_drop_the_query_itself(tmp_path, spark):
+    docs = [{"_id": "a1", "title": "", "text": "school uniforms restrict freedom"},
+            {"_id": "a2", "title": "", "text": "school uniforms create equality"},
+            {"_id": "a3", "title": "", "text": "unrelated text about taxes"}]
+    folder = write_beir_folder(tmp_path / "arguana", docs, {"a1": "school uniforms restrict freedom"}, {"a1": {"a2": 1}})
+    out = tmp_path / "eval.json"
+    invoke("eval", "--dataset", folder, "--preset", "pyserini-flat", "-w", tmp_path / "wh", "--output-json", out)
+    run_lines = (tmp_path / "wh" / "runs" / "arguana-test-pyserini-flat-bm25.trec").read_text().split("\n")
+    assert run_lines[0].split()[2] == "a2" and "a1" not in {line.split()[2] for line in run_lines if line}
+    assert json.loads(out.read_text())["metrics"]["ndcg@10"] == pytest.approx(1.0)
+
+
+def test_errors_are_one_clear_line_and_exit_code_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "search", "x", "--warehouse", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no published index" in proc.stderr and "Traceback" not in proc.stderr

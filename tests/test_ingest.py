@@ -1,0 +1,84 @@
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.ingest import IngestConfig, content_hash, run
+from pipelines.delta_io import read_table
+from sira_core.datasets import DatasetNotFound, resolve_beir, resolve_corpus
+
+
+def write_lines(path, lines: list[bytes]):
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+BAD_CORPUS = [
+    json.dumps({"_id": "1", "title": "Good", "text": "first document"}).encode(),
+    b'{"_id": "2", "title": "broken", "text": ',                                   # unparseable line
+    json.dumps({"title": "no id", "text": "orphan"}).encode(),                       # missing id
+    json.dumps({"_id": "1", "title": "Again", "text": "duplicate of the first"}).encode(),  # duplicate id
+    json.dumps({"_id": "4", "title": "", "text": "   "}).encode(),                   # empty text
+    b'{"_id": "5", "title": "bad bytes", "text": "caf\xe9"}',                        # invalid UTF-8
+    json.dumps({"_id": "6", "title": "", "text": "title-less but fine"}).encode(),
+    json.dumps(["not", "an", "object"]).encode(),
+]
+
+
+def test_bad_records_are_rejected_with_their_reason_and_nothing_is_lost(tmp_path):
+    src = write_lines(tmp_path / "corpus.jsonl", BAD_CORPUS)
+    wh = str(tmp_path / "wh")
+    summary = run(IngestConfig(source=str(src), warehouse=wh))
+    assert (summary["read"], summary["kept"], summary["rejected"]) == (8, 2, 6)
+    docs = read_table(f"{wh}/docs").to_pylist()
+    assert sorted(d["doc_id"] for d in docs) == ["1", "6"]
+    assert {d["doc_id"]: d["content_hash"] for d in docs}["1"] == content_hash("Good", "first document")
+    rejected = {r["record"]: r for r in read_table(f"{wh}/rejected").to_pylist()}
+    assert sorted(rejected) == [2, 3, 4, 5, 6, 8]
+    assert rejected[2]["reason"].startswith("unparseable JSON")
+    assert rejected[3]["reason"].startswith("missing id")
+    assert rejected[4]["reason"] == "duplicate id '1' (first seen at record 1)" and rejected[4]["doc_id"] == "1"
+    assert rejected[5]["reason"] == "empty text"
+    assert rejected[6]["reason"].startswith("invalid UTF-8 at byte")
+    assert rejected[8]["reason"] == "expected a JSON object, got list"
+    assert all(r["source"] == str(src) and r["raw"] for r in rejected.values())
+
+
+def test_reingest_replaces_the_snapshot_in_one_new_version(tmp_path):
+    wh = str(tmp_path / "wh")
+    first = run(IngestConfig(source=str(write_lines(tmp_path / "a.jsonl", BAD_CORPUS[:1])), warehouse=wh))
+    second = run(IngestConfig(source=str(write_lines(tmp_path / "b.jsonl", BAD_CORPUS[6:7])), warehouse=wh))
+    assert second["docs_table_version"] == first["docs_table_version"] + 1
+    assert [d["doc_id"] for d in read_table(f"{wh}/docs").to_pylist()] == ["6"]
+    assert read_table(f"{wh}/rejected").num_rows == 0
+
+
+def test_gzipped_jsonl_and_parquet_sources(tmp_path):
+    gz = tmp_path / "c.jsonl.gz"
+    with gzip.open(gz, "wb") as fh:
+        fh.write(b"\n".join(BAD_CORPUS[:2]) + b"\n")
+    assert run(IngestConfig(source=str(gz), warehouse=str(tmp_path / "w1")))["kept"] == 1
+
+    pq.write_table(pa.table({"doc_id": ["p1", "p2", "p1"], "title": ["t", None, "t"], "text": ["x", "y", "z"]}),
+                   tmp_path / "c.parquet")
+    s = run(IngestConfig(source=str(tmp_path / "c.parquet"), warehouse=str(tmp_path / "w2")))
+    assert (s["kept"], s["rejected"]) == (2, 1)
+
+
+def test_beir_folder_source(tiny_beir, tmp_path):
+    s = run(IngestConfig(source=str(tiny_beir), warehouse=str(tmp_path / "wh")))
+    assert (s["read"], s["kept"], s["rejected"]) == (12, 12, 0)
+
+
+def test_missing_beir_dataset_says_where_to_put_the_files(monkeypatch, tmp_path):
+    monkeypatch.setenv("SIRA_DATA_DIR", str(tmp_path))
+    with pytest.raises(DatasetNotFound, match=f"(?s)Put corpus.jsonl.*{tmp_path}/no-such-dataset"):
+        resolve_beir("no-such-dataset", download=False)
+
+
+def test_unknown_source_format_is_a_clear_error(tmp_path):
+    (tmp_path / "corpus.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="unknown format"):
+        resolve_corpus(str(tmp_path / "corpus.csv"))
