@@ -45,17 +45,58 @@ def ingest(
 
 
 @app.command()
+def enrich(
+    warehouse: str = Warehouse,
+    backend: str = typer.Option("local", help="local | openai | vllm"),
+    model: Optional[str] = typer.Option(None, help="model id (openai/vllm) or GGUF path / packaged name (local)"),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
+    task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
+    max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
+    batch_size: int = typer.Option(16, "--batch-size"),
+    concurrency: int = typer.Option(1, help="engine replicas (vllm: one per GPU)"),
+    qps: Optional[float] = typer.Option(None, help="openai: requests per second"),
+    timeout_s: float = typer.Option(60.0, "--timeout-s"),
+    max_retries: int = typer.Option(3, "--max-retries"),
+    max_tokens: int = typer.Option(160, "--max-tokens"),
+    limit: Optional[int] = typer.Option(None, help="enrich at most this many documents"),
+    commit_every: int = typer.Option(256, "--commit-every", help="rows per Delta commit"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Ask an LLM backend for each document's missing search vocabulary (incremental, resumable)."""
+    from jobs import enrich as job
+    from pipelines.llm_backends import BackendConfig
+
+    cfg = job.EnrichConfig(
+        warehouse=warehouse, task=task, max_n=max_n, limit=limit, commit_every=commit_every, ray_address=ray_address,
+        backend=BackendConfig(backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,
+                              batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
+                              max_retries=max_retries, max_tokens=max_tokens),
+    )
+    summary = job.run(cfg)
+    stdout.print(f"documents {summary['documents']}  enriched {summary['enriched']}  skipped {summary['skipped']}  "
+                 f"errors {summary['errors']}  tokens in/out {summary['input_tokens']}/{summary['output_tokens']}  "
+                 f"{summary['docs_per_second']:.2f} docs/s  {summary['seconds']:.1f} s")
+    _write_json(summary, output_json)
+
+
+@app.command()
 def index(
     warehouse: str = Warehouse,
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     shards: int = typer.Option(4, help="number of doc shards"),
     spark_master: str = typer.Option("local[*]", "--spark-master", help="Spark master URL"),
+    enrichment: Optional[bool] = typer.Option(None, "--enrichment/--no-enrichment",
+                                              help="inject enrichment phrases (default: when the warehouse has them)"),
+    tau: float = typer.Option(0.05, help="corpus-side DF filter: drop phrases whose min DF > tau*|C|"),
     output_json: Optional[Path] = OutputJson,
 ):
     """Build a new index version with Spark (term_stats, corpus_stats, postings, shard_docs)."""
     from jobs import index as job
 
-    summary = job.run(job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master))
+    summary = job.run(job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
+                                      enrichment=enrichment, tau=tau))
     console.print(f"published index version {summary['index_version']}: {summary['num_docs']} docs, "
                   f"{summary['num_terms']} terms, {summary['num_shards']} shards")
     _write_json(summary, output_json)
@@ -105,7 +146,8 @@ def eval_(
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     split: str = typer.Option("test"),
-    variant: str = typer.Option("bm25"),
+    variant: str = typer.Option("bm25", help="bm25 (plain index) | doc (corpus-side enrichment)"),
+    tau: float = typer.Option(0.05),
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     shards: int = typer.Option(4),
     spark_master: str = typer.Option("local[*]", "--spark-master"),
@@ -114,7 +156,7 @@ def eval_(
     """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
     from jobs import eval as job
 
-    summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant,
+    summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau,
                                      warehouse=warehouse, shards=shards, spark_master=spark_master))
     table = Table(title=f"{summary['dataset']} / {summary['split']} / {summary['preset']} / {summary['variant']} "
                         f"({summary['num_queries']} queries)")

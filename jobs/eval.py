@@ -18,15 +18,19 @@ from sira_core.datasets import resolve_dataset
 from sira_core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
 
+QUERY_BATCH = 256
+
+
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field(description="beir:NAME or a folder in BEIR format")
     preset: str = "sira"
     split: str = "test"
-    variant: Literal["bm25"] = "bm25"
+    variant: Literal["bm25", "doc"] = Field("bm25", description="bm25: plain index; doc: corpus-side enrichment")
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
     shards: int = Field(4, ge=1)
+    tau: float = Field(0.05, gt=0, le=1)
     depth: int = Field(1000, ge=100, description="hits kept per query (the TREC run depth)")
     spark_master: str = "local[*]"
 
@@ -34,24 +38,33 @@ class EvalConfig(BaseModel):
         return self.warehouse or str(Path("warehouses") / dataset_name)
 
 
-def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, spark_master: str) -> dict:
-    """The newest index of `preset` built from the current docs table; ingest / index when missing."""
+def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, spark_master: str,
+                 enriched: bool = False, tau: float = 0.05) -> dict:
+    """The newest index of `preset` built from the current docs (and enrichment) tables; ingests and
+    indexes what is missing or stale."""
     docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
     if docs_version is None:
         console.log(f"warehouse {warehouse} has no docs table: ingesting {dataset_spec}")
         summary = ingest_job.run(ingest_job.IngestConfig(source=dataset_spec, warehouse=warehouse))
         console.log(f"ingest: read {summary['read']}, kept {summary['kept']}, rejected {summary['rejected']}")
         docs_version = summary["docs_table_version"]
+    enrichment_version = None
+    if enriched:
+        enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT))
+        if enrichment_version is None:
+            raise FileNotFoundError(f"warehouse {warehouse} has no enrichment table; run `sira enrich` first")
     try:
-        manifest = find_index(warehouse, preset=preset)
-        if manifest["docs_table_version"] == docs_version:
+        manifest = find_index(warehouse, preset=preset, enriched=enriched)
+        fresh = manifest["docs_table_version"] == docs_version and (
+            not enriched or (manifest["enrichment_table_version"] == enrichment_version and manifest["tau"] == tau))
+        if fresh:
             return manifest
-        console.log(f"index v{manifest['index_version']} was built from docs v{manifest['docs_table_version']}, "
-                    f"docs are now v{docs_version}: rebuilding")
+        console.log(f"index v{manifest['index_version']} is stale (built from other docs/enrichment versions or tau)")
     except IndexNotFound:
-        console.log(f"no {preset} index in {warehouse}: building one")
-    index_job.run(index_job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master))
-    return find_index(warehouse, preset=preset)
+        console.log(f"no {preset} index {'with' if enriched else 'without'} enrichment in {warehouse}: building one")
+    index_job.run(index_job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
+                                        enrichment=enriched, tau=tau))
+    return find_index(warehouse, preset=preset, enriched=enriched)
 
 
 def run(cfg: EvalConfig) -> dict:
@@ -59,16 +72,21 @@ def run(cfg: EvalConfig) -> dict:
     warehouse = cfg.warehouse_path(dataset.name)
     queries = dataset.queries(cfg.split)
     qrels = dataset.qrels(cfg.split)
-    manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master)
+    manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
+                            enriched=cfg.variant == "doc", tau=cfg.tau)
     searcher, manifest = load_searcher(warehouse, manifest["index_version"])
 
     run_hits: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
-    with progress_bar(f"{dataset.name}/{cfg.split} queries", total=len(queries), unit="queries") as advance:
-        for qid, text in queries.items():
-            exclude = (qid,) if dataset.queries_are_documents else ()
-            run_hits[qid] = {h.doc_id: h.score for h in searcher.search(text, k=cfg.depth, exclude_doc_ids=exclude)}
-            advance(1)
+    qids = list(queries)
+    with progress_bar(f"{dataset.name}/{cfg.split} queries", total=len(qids), unit="queries") as advance:
+        for start in range(0, len(qids), QUERY_BATCH):
+            batch = qids[start : start + QUERY_BATCH]
+            exclude = [(q,) if dataset.queries_are_documents else () for q in batch]
+            ranked = searcher.search_many([queries[q] for q in batch], k=cfg.depth, exclude_doc_ids=exclude)
+            for qid, hits in zip(batch, ranked):
+                run_hits[qid] = {h.doc_id: h.score for h in hits}
+            advance(len(batch))
     seconds = time.perf_counter() - started
 
     tag = f"sira-{cfg.preset}-{cfg.variant}"

@@ -1,4 +1,5 @@
-"""`sira index`: the Spark job that builds and publishes one index version from the docs table."""
+"""`sira index`: the Spark job that builds and publishes one index version from the docs table
+(and, unless left out, the corpus-side enrichment)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,32 @@ class IndexConfig(BaseModel):
     preset: str = "sira"
     shards: int = Field(4, ge=1, le=4096)
     spark_master: str = "local[*]"
+    enrichment: bool | None = Field(
+        None, description="inject enrichment phrases; None: when the warehouse has an enrichment table")
+    tau: float = Field(0.05, gt=0, le=1, description="corpus-side DF filter: drop phrases with min DF > tau*|C|")
+    enrichment_model: str | None = None
+    enrichment_prompt_version: str | None = None
 
 
 def run(cfg: IndexConfig, spark=None) -> dict:
-    from pipelines.spark_index import build_index
-    from pipelines.spark_session import get_spark
-    from sira_core.presets import get_preset
-
     from pyspark.sql import SparkSession
 
+    from pipelines.delta_io import table_exists
+    from pipelines.spark_index import EnrichmentChoice, build_index
+    from pipelines.spark_session import get_spark
+    from sira_core import tables
+    from sira_core.presets import get_preset
+
     preset = get_preset(cfg.preset)  # fail on a bad preset before starting a JVM
+    use_enrichment = cfg.enrichment
+    if use_enrichment is None:
+        use_enrichment = table_exists(tables.table_uri(cfg.warehouse, tables.ENRICHMENT))
+    choice = EnrichmentChoice(cfg.tau, cfg.enrichment_model, cfg.enrichment_prompt_version) if use_enrichment else None
     # Stop the session only if this job started it (a caller's or a test's session stays up).
     own_session = spark is None and SparkSession.getActiveSession() is None
     spark = spark or get_spark(cfg.spark_master, app_name="sira-index")
     try:
-        row = build_index(spark, cfg.warehouse, preset, cfg.shards, log=console.log)
+        row = build_index(spark, cfg.warehouse, preset, cfg.shards, choice, log=console.log)
     finally:
         if own_session:
             spark.stop()

@@ -27,17 +27,19 @@ def published_versions(warehouse: str) -> list[dict]:
     return sorted(read_table(uri).to_pylist(), key=lambda r: r["index_version"])
 
 
-def find_index(warehouse: str, index_version: int | None = None, preset: str | None = None) -> dict:
-    """The requested version, or the newest published one (of `preset`, when given)."""
-    rows = published_versions(warehouse)
-    if index_version is not None:
-        rows = [r for r in rows if r["index_version"] == index_version]
-    if preset is not None:
-        rows = [r for r in rows if r["preset"] == preset]
+def find_index(warehouse: str, index_version: int | None = None, preset: str | None = None,
+               enriched: bool | None = None) -> dict:
+    """The requested version, or the newest published one matching `preset` / `enriched` when given."""
+    rows = [
+        r for r in published_versions(warehouse)
+        if (index_version is None or r["index_version"] == index_version)
+        and (preset is None or r["preset"] == preset)
+        and (enriched is None or bool(r["enriched"]) == enriched)
+    ]
     if not rows:
-        what = " ".join(f for f in (f"version {index_version}" if index_version else "",
-                                    f"preset {preset}" if preset else "") if f)
-        raise IndexNotFound(f"no published index {what or ''} in warehouse {warehouse}; run `sira index`".replace("  ", " "))
+        wanted = {"version": index_version, "preset": preset, "enriched": enriched}
+        what = ", ".join(f"{k} {v}" for k, v in wanted.items() if v is not None) or "at all"
+        raise IndexNotFound(f"no published index ({what}) in warehouse {warehouse}; run `sira index`")
     return rows[-1]
 
 
@@ -70,10 +72,11 @@ def load_shard(warehouse: str, manifest: dict, shard: int) -> ShardIndex:
 
 
 def load_searcher(
-    warehouse: str, index_version: int | None = None, preset: str | None = None, shards: Sequence[int] | None = None
+    warehouse: str, index_version: int | None = None, preset: str | None = None, shards: Sequence[int] | None = None,
+    enriched: bool | None = None,
 ) -> tuple[Searcher, dict]:
     """A searcher over all (or some) shards of one published index version, and its manifest row."""
-    manifest = find_index(warehouse, index_version, preset)
+    manifest = find_index(warehouse, index_version, preset, enriched)
     wanted = range(manifest["num_shards"]) if shards is None else shards
     loaded = [load_shard(warehouse, manifest, s) for s in wanted]
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])

@@ -79,9 +79,12 @@ class Analyzer:
         if self.config.possessive:
             words = [_POSSESSIVE.sub("", w) if "'" in w or "\u2019" in w else w for w in words]
         words = [w for w in words if w and w not in self._stopwords]
-        if self._stemmer is not None:
-            words = self._stemmer.stemWords(words)
-        return words
+        if self._stemmer is None:
+            return words
+        if self.config.stemmer == "porter":
+            # Lucene's PorterStemmer leaves words of 1-2 characters alone (PyStemmer maps "s" to "").
+            return [w if len(w) <= 2 else self._stemmer.stemWord(w) for w in words]
+        return self._stemmer.stemWords(words)
 
     def terms(self, text: str) -> list[str]:
         """All index terms of one field or phrase: unigrams, then n-grams of adjacent tokens up to max_n."""

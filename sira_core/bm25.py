@@ -11,6 +11,7 @@ a shard, so merging per-shard top-k by (score desc, doc id asc) equals the singl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numba
 import numpy as np
@@ -125,20 +126,25 @@ class ShardIndex:
 
     def top_k(self, query: WeightedQuery, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Doc ordinals and scores of the k best documents, by (score desc, ordinal asc)."""
+        ords, scores, counts = self.top_k_many([query], k)
+        return ords[0, : counts[0]], scores[0, : counts[0]]
+
+    def top_k_many(self, queries: Sequence[WeightedQuery], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Score a batch of queries in one compiled call: (ords [q, k], scores [q, k], hit counts [q])."""
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
-        rows = self.rows_of(query.term_ids)
-        keep = rows >= 0
-        return _accumulate_top_k(
-            self.indptr,
-            self.doc_ords,
-            self.impacts,
-            rows[keep].astype(np.int64),
-            query.weights[keep].astype(SCORE_DTYPE),
-            k,
-            self._scores,
-            self._touched,
-        )
+        k = min(k, max(self.num_docs, 1))
+        lengths = np.fromiter((len(q.term_ids) for q in queries), dtype=np.int64, count=len(queries))
+        all_ids = np.concatenate([q.term_ids for q in queries] + [np.empty(0, np.int64)])
+        all_weights = np.concatenate([q.weights for q in queries] + [np.empty(0, SCORE_DTYPE)])
+        rows = self.rows_of(all_ids)
+        found = rows >= 0
+        # Per-query offsets after dropping the terms this shard lacks.
+        query_of_term = np.repeat(np.arange(len(queries)), lengths)
+        kept_per_query = np.bincount(query_of_term[found], minlength=len(queries))
+        q_ptr = np.concatenate([[0], np.cumsum(kept_per_query)]).astype(np.int64)
+        return _score_top_k_batch(self.indptr, self.doc_ords, self.impacts, q_ptr, rows[found].astype(np.int64),
+                                  all_weights[found].astype(SCORE_DTYPE), k, self._scores, self._touched)
 
     def contributions(self, doc_ord: int, query: WeightedQuery) -> dict[str, float]:
         """Per-term score contributions of one document (weight x impact), for --explain."""
@@ -153,40 +159,157 @@ class ShardIndex:
         return out
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _worse(score_a, ord_a, score_b, ord_b):
+    """Is hit a ranked below hit b under (score desc, ordinal asc)?"""
+    return score_a < score_b or (score_a == score_b and ord_a > ord_b)
+
+
 @numba.njit(cache=True, nogil=True)
-def _accumulate_top_k(indptr, doc_ords, impacts, rows, weights, k, scores, touched):
-    # Accumulate weighted posting slices; remember which docs were touched so the reset and the
-    # selection cost O(touched), not O(shard size). Impacts and weights are > 0, so 0 means untouched.
-    n_touched = 0
-    for i in range(rows.size):
-        r = rows[i]
-        w = weights[i]
-        for j in range(indptr[r], indptr[r + 1]):
-            d = doc_ords[j]
-            if scores[d] == 0.0:
-                touched[n_touched] = d
-                n_touched += 1
-            scores[d] += w * impacts[j]
-    cand = touched[:n_touched]
-    if n_touched > k:
-        vals = np.empty(n_touched, dtype=scores.dtype)
-        for t in range(n_touched):
-            vals[t] = scores[cand[t]]
-        kth = np.partition(vals, n_touched - k)[n_touched - k]
-        sel = np.empty(n_touched, dtype=np.int32)
-        m = 0
-        for t in range(n_touched):  # keep ties at the k-th score so the ordinal tie-break is exact
-            if vals[t] >= kth:
-                sel[m] = cand[t]
-                m += 1
-        cand = sel[:m]
-    cand = np.sort(cand)
-    cand_scores = np.empty(cand.size, dtype=scores.dtype)
-    for t in range(cand.size):
-        cand_scores[t] = scores[cand[t]]
-    order = np.argsort(-cand_scores, kind="mergesort")[:k]
-    out_ords = cand[order].copy()
-    out_scores = cand_scores[order].copy()
-    for t in range(n_touched):
-        scores[touched[t]] = 0.0
-    return out_ords, out_scores
+def _heap_offer(heap_s, heap_o, size, k, s, o):
+    """Keep the k best hits in a binary heap whose root is the worst kept hit; returns the new size."""
+    if size < k:
+        i = size
+        size += 1
+        heap_s[i] = s
+        heap_o[i] = o
+        while i > 0:  # sift up
+            parent = (i - 1) // 2
+            if _worse(heap_s[i], heap_o[i], heap_s[parent], heap_o[parent]):
+                heap_s[i], heap_s[parent] = heap_s[parent], heap_s[i]
+                heap_o[i], heap_o[parent] = heap_o[parent], heap_o[i]
+                i = parent
+            else:
+                break
+        return size
+    if not _worse(heap_s[0], heap_o[0], s, o):
+        return size
+    heap_s[0] = s
+    heap_o[0] = o
+    _sift_down(heap_s, heap_o, 0, size)
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def _sift_down(heap_s, heap_o, i, size):
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            return
+        child = left
+        right = left + 1
+        if right < size and _worse(heap_s[right], heap_o[right], heap_s[left], heap_o[left]):
+            child = right
+        if _worse(heap_s[child], heap_o[child], heap_s[i], heap_o[i]):
+            heap_s[i], heap_s[child] = heap_s[child], heap_s[i]
+            heap_o[i], heap_o[child] = heap_o[child], heap_o[i]
+            i = child
+        else:
+            return
+
+
+_HEAP_MAX_K = 64
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_large_k(scores, k, out_ords, out_scores, cand_s, cand_o):
+    """Top-k of a dense score array for large k: gather (branch-free), partition for the k-th score, keep
+    everything above it plus the lowest ordinals tied with it, then one sort of packed (score, ordinal) keys."""
+    m = 0
+    for d in range(scores.size):
+        cand_s[m] = scores[d]
+        cand_o[m] = d
+        m += scores[d] > 0.0
+    if m == 0:
+        return 0
+    n = min(k, m)
+    kth = np.partition(cand_s[:m], m - n)[m - n]
+    above = 0
+    for t in range(m):
+        above += cand_s[t] > kth
+    ties_needed = n - above
+    # Positive float32 scores order like their bit patterns, so one uint64 key (inverted score bits, ordinal)
+    # sorts by (score desc, ordinal asc) with a plain sort.
+    keys = np.empty(n, dtype=np.uint64)
+    bits = cand_s[:m].view(np.uint32)
+    j = 0
+    for t in range(m):  # ordinal order: the first tied candidates are the ones the total order keeps
+        s = cand_s[t]
+        if s > kth or (s == kth and ties_needed > 0):
+            if s == kth:
+                ties_needed -= 1
+            keys[j] = (np.uint64(0xFFFFFFFF - bits[t]) << np.uint64(32)) | np.uint64(cand_o[t])
+            j += 1
+    keys = np.sort(keys)
+    for t in range(n):
+        o = np.int32(keys[t] & np.uint64(0xFFFFFFFF))
+        out_ords[t] = o
+        out_scores[t] = scores[o]
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def _score_top_k_batch(indptr, doc_ords, impacts, q_ptr, rows, weights, k, scores, touched):
+    n_queries = q_ptr.size - 1
+    n_docs = scores.size
+    out_ords = np.zeros((n_queries, k), dtype=np.int32)
+    out_scores = np.zeros((n_queries, k), dtype=scores.dtype)
+    counts = np.zeros(n_queries, dtype=np.int64)
+    heap_s = np.empty(k, dtype=scores.dtype)
+    heap_o = np.empty(k, dtype=np.int32)
+    cand_s = np.empty(n_docs, dtype=scores.dtype)
+    cand_o = np.empty(n_docs, dtype=np.int32)
+    for q in range(n_queries):
+        n_postings = 0
+        for i in range(q_ptr[q], q_ptr[q + 1]):
+            n_postings += indptr[rows[i] + 1] - indptr[rows[i]]
+        size = 0
+        if n_postings * 4 < n_docs:
+            # Few postings: remember touched docs so accumulation, selection and reset cost O(postings).
+            # Impacts and weights are > 0, so a zero score means "not touched yet".
+            n_touched = 0
+            for i in range(q_ptr[q], q_ptr[q + 1]):
+                r = rows[i]
+                w = weights[i]
+                for j in range(indptr[r], indptr[r + 1]):
+                    d = doc_ords[j]
+                    if scores[d] == 0.0:
+                        touched[n_touched] = d
+                        n_touched += 1
+                    scores[d] += w * impacts[j]
+            for t in range(n_touched):
+                d = touched[t]
+                size = _heap_offer(heap_s, heap_o, size, k, scores[d], d)
+                scores[d] = 0.0
+        else:
+            # Many postings: branch-free accumulation and one scan in ordinal order.
+            for i in range(q_ptr[q], q_ptr[q + 1]):
+                r = rows[i]
+                w = weights[i]
+                for j in range(indptr[r], indptr[r + 1]):
+                    scores[doc_ords[j]] += w * impacts[j]
+            if k <= _HEAP_MAX_K:
+                # Rarely true once the heap is full, so the branch predicts well; in ordinal order an equal
+                # score never beats the root. Zeroing is one fill afterwards.
+                threshold = scores.dtype.type(0.0)
+                for d in range(n_docs):
+                    s = scores[d]
+                    if s > threshold:
+                        size = _heap_offer(heap_s, heap_o, size, k, s, d)
+                        if size == k:
+                            threshold = heap_s[0]
+            else:
+                counts[q] = _select_large_k(scores, k, out_ords[q], out_scores[q], cand_s, cand_o)
+                scores[:] = 0.0
+                continue
+            scores[:] = 0.0
+        counts[q] = size
+        # Pop worst-first into the tail: the output is best-first.
+        while size > 0:
+            out_scores[q, size - 1] = heap_s[0]
+            out_ords[q, size - 1] = heap_o[0]
+            size -= 1
+            heap_s[0] = heap_s[size]
+            heap_o[0] = heap_o[size]
+            _sift_down(heap_s, heap_o, 0, size)
+    return out_ords, out_scores, counts

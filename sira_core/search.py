@@ -9,8 +9,9 @@ Each part's terms keep their query term frequency (a term said twice counts twic
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -29,13 +30,13 @@ class QueryPart:
     name: str = "original"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Hit:
     doc_id: str
     score: float
     shard: int
     doc_ord: int
-    contributions: dict[str, float] = field(default_factory=dict)
+    contributions: dict[str, float] | None = None  # filled by explain
 
 
 def compile_query(parts: Sequence[QueryPart]) -> WeightedQuery:
@@ -78,28 +79,35 @@ class Searcher:
         exclude_doc_ids: Iterable[str] = (),
         explain: bool = False,
     ) -> list[Hit]:
-        parts = [self.parts_for_text(query)] if isinstance(query, str) else list(query)
-        wq = compile_query(parts)
-        excluded = set(exclude_doc_ids)
-        depth = k + len(excluded)
-        per_shard = []
-        for shard in self.shards:
-            ords, scores = shard.top_k(wq, depth)
-            per_shard.append(
-                [(-float(s), shard.doc_ids[o], shard.shard, int(o)) for o, s in zip(ords.tolist(), scores.tolist())]
-            )
-        hits: list[Hit] = []
-        for neg_score, doc_id, shard_no, ord_ in heapq.merge(*per_shard):
-            if doc_id in excluded:
-                continue
-            contrib = self._shard(shard_no).contributions(ord_, wq) if explain else {}
-            hits.append(Hit(doc_id, -neg_score, shard_no, ord_, contrib))
-            if len(hits) == k:
-                break
-        return hits
+        return self.search_many([query], k, [exclude_doc_ids], explain)[0]
 
-    def _shard(self, shard_no: int) -> ShardIndex:
-        for s in self.shards:
-            if s.shard == shard_no:
-                return s
-        raise KeyError(shard_no)
+    def search_many(
+        self,
+        queries: Sequence[str | Sequence[QueryPart]],
+        k: int = 10,
+        exclude_doc_ids: Sequence[Iterable[str]] | None = None,
+        explain: bool = False,
+    ) -> list[list[Hit]]:
+        """Rank a batch of queries; each shard scores the whole batch in one compiled call."""
+        compiled = [compile_query([self.parts_for_text(q)] if isinstance(q, str) else list(q)) for q in queries]
+        excluded = [set(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else [set()] * len(queries)
+        depth = k + max((len(e) for e in excluded), default=0)
+        per_shard = [(shard, *shard.top_k_many(compiled, depth)) for shard in self.shards]
+        results = []
+        for qi, wq in enumerate(compiled):
+            candidates = [
+                zip((-s for s in scores[qi, : counts[qi]].tolist()), shard.doc_ids[ords[qi, : counts[qi]]].tolist(),
+                    itertools.repeat(shard), ords[qi, : counts[qi]].tolist())
+                for shard, ords, scores, counts in per_shard
+            ]
+            merged = candidates[0] if len(candidates) == 1 else heapq.merge(*candidates)
+            hits: list[Hit] = []
+            for neg_score, doc_id, shard, ord_ in merged:
+                if doc_id in excluded[qi]:
+                    continue
+                hits.append(Hit(doc_id, -neg_score, shard.shard, ord_,
+                                shard.contributions(ord_, wq) if explain else None))
+                if len(hits) == k:
+                    break
+            results.append(hits)
+        return results

@@ -33,15 +33,41 @@ REJECTED_SCHEMA = pa.schema(
 )
 RAW_KEEP_CHARS = 2000
 
+ENRICHMENT = "enrichment"
+INJECTIONS = "injections"
+
+# Written by `sira enrich`, keyed by (doc_id, content_hash, model, prompt_version).
+ENRICHMENT_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("content_hash", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("prompt_version", pa.string(), nullable=False),
+        pa.field("backend", pa.string(), nullable=False),
+        pa.field("phrases", pa.list_(pa.string())),
+        pa.field("raw_output", pa.string()),
+        pa.field("input_tokens", pa.int64()),
+        pa.field("output_tokens", pa.int64()),
+        pa.field("latency_ms", pa.float64()),
+        pa.field("error", pa.string()),
+        pa.field("enriched_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+ENRICHMENT_KEY = ("doc_id", "content_hash", "model", "prompt_version")
+
 # Written by the Spark index build; partitioned by (index_version[, shard]).
-TERM_STATS_COLUMNS = ("index_version", "term_id", "term", "df", "cf")
+TERM_STATS_COLUMNS = ("index_version", "term_id", "term", "df", "df_enriched", "cf")
 POSTINGS_COLUMNS = ("index_version", "shard", "term_id", "df", "doc_ords", "tfs")
 SHARD_DOCS_COLUMNS = ("index_version", "shard", "doc_ord", "doc_id", "doc_len")
+INJECTIONS_COLUMNS = ("index_version", "doc_id", "position", "phrase", "kept", "reason", "min_df")
 # One row per published index version, written last: its presence is what makes a version visible.
-CORPUS_STATS_COLUMNS = (
-    "index_version", "preset", "num_docs", "avgdl", "total_terms", "num_terms", "num_shards", "k1", "b",
-    "max_n", "analyzer_json", "docs_table_version", "term_stats_table_version", "postings_table_version",
-    "shard_docs_table_version", "built_at",
+CORPUS_STATS_FIELDS = (
+    ("index_version", "long"), ("preset", "string"), ("num_docs", "long"), ("avgdl", "double"),
+    ("total_terms", "long"), ("num_terms", "long"), ("num_shards", "int"), ("k1", "double"), ("b", "double"),
+    ("max_n", "int"), ("analyzer_json", "string"), ("enriched", "boolean"), ("enrichment_table_version", "long"),
+    ("tau", "double"), ("phrases_proposed", "long"), ("phrases_kept", "long"), ("docs_table_version", "long"),
+    ("term_stats_table_version", "long"), ("postings_table_version", "long"), ("shard_docs_table_version", "long"),
+    ("injections_table_version", "long"), ("built_at", "timestamp"),
 )
 
 

@@ -42,3 +42,8 @@ def test_phrases_are_analysed_one_by_one_so_ngrams_never_span_phrases():
 
 def test_ngrams_up_to_order_three():
     assert ngrams(["a", "b", "c"], 3) == ["a", "b", "c", "a b", "b c", "a b c"]
+
+
+def test_porter_leaves_one_and_two_letter_words_alone_like_lucene():
+    a = Analyzer(AnalyzerConfig(stemmer="porter", stopwords="none"))
+    assert a.tokens("s us news flies") == ["s", "us", "new", "fli"]

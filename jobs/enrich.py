@@ -1,0 +1,64 @@
+"""`sira enrich`: the Ray Data job that asks an LLM backend for each document's missing search vocabulary."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.progress import console, progress_bar
+from pipelines.llm_backends import BackendConfig
+
+
+class EnrichConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    warehouse: str
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    task: str | None = Field(None, description="prompt task; default: chosen from the dataset name, else generic")
+    max_n: int = Field(3, ge=1, le=4, description="longest phrase, in words")
+    commit_every: int = Field(256, gt=0, description="rows per Delta commit (the most a killed job can lose)")
+    limit: int | None = Field(None, gt=0, description="enrich at most this many documents (smoke runs)")
+    retry_errors: bool = True
+    ray_address: str | None = None
+
+
+def run(cfg: EnrichConfig) -> dict:
+    from pipelines.ray_enrich import docs_to_enrich, enrich, init_ray
+    from sira_core.enrichment import load_template, task_for_dataset
+
+    task = cfg.task or task_for_dataset(_dataset_name(cfg.warehouse))
+    template = load_template("doc", task)
+    model = cfg.backend.model_id()
+    todo, skipped = docs_to_enrich(cfg.warehouse, model, template.version, cfg.retry_errors)
+    documents = todo.num_rows + skipped  # counted before --limit, which only defers work
+    if cfg.limit is not None:
+        todo = todo.slice(0, cfg.limit)
+    console.log(f"enrich: {todo.num_rows} documents to do, {skipped} already enriched "
+                f"(backend {cfg.backend.backend}, model {model}, prompt {template.version})")
+    started = time.perf_counter()
+    counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
+    if todo.num_rows:
+        init_ray(cfg.ray_address)
+        with progress_bar("enrich", total=todo.num_rows, unit="docs") as advance:
+            counters = enrich(cfg.warehouse, todo, template, cfg.backend, cfg.max_n, cfg.commit_every, advance)
+    seconds = time.perf_counter() - started
+    done = counters["enriched"] + counters["errors"]
+    return {
+        "documents": documents,
+        "enriched": counters["enriched"],
+        "skipped": skipped,
+        "errors": counters["errors"],
+        "input_tokens": counters["input_tokens"],
+        "output_tokens": counters["output_tokens"],
+        "seconds": seconds,
+        "docs_per_second": done / seconds if seconds > 0 and done else 0.0,
+        "output_tokens_per_second": counters["output_tokens"] / seconds if seconds > 0 else 0.0,
+        "model": model,
+        "prompt_version": template.version,
+        "backend": cfg.backend.backend,
+    }
+
+
+def _dataset_name(warehouse: str) -> str:
+    return warehouse.rstrip("/").split("/")[-1]

@@ -1,0 +1,269 @@
+"""LLM backends as Ray Data stages: rows {key, prompt} -> rows + {raw_output, input_tokens, output_tokens,
+latency_ms, error}. One contract, three engines:
+
+- `openai`: any OpenAI-compatible endpoint through Ray Data's HttpRequestProcessorConfig.
+- `vllm`:   Ray Data LLM's vLLMEngineProcessorConfig on GPU workers (the `gpu` extra installs vLLM).
+- `local`:  an embedded llama.cpp model (the `local` extra), one actor on fractional CPUs.
+
+A backend never fails the job for one bad row: transport errors, HTTP errors and junk become the row's
+`error`, so the enrichment table records them and the next run retries exactly those rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sira_core.enrichment import JSON_SCHEMA
+
+OUTPUT_COLUMNS = ("raw_output", "input_tokens", "output_tokens", "latency_ms", "error")
+
+
+class BackendConfig(BaseModel):
+    """How to reach the LLM. Logged whole with every job that uses it (API keys are read from the
+    environment variable named by `api_key_env`, never stored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["openai", "vllm", "local"] = "local"
+    model: str | None = Field(None, description="model id / path; local: a GGUF path or a packaged model name")
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="openai: the endpoint's /v1 base URL")
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the key")
+    temperature: float = Field(0.4, ge=0)
+    seed: int = 42
+    max_tokens: int = Field(160, gt=0)
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    retry_base_s: float = Field(1.0, ge=0)
+    qps: float | None = Field(None, gt=0, description="openai: request rate limit")
+    batch_size: int = Field(16, gt=0)
+    concurrency: int = Field(1, gt=0, description="engine replicas (vllm: one per GPU)")
+    structured_output: bool = True
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vllm: extra engine arguments")
+
+    def model_id(self) -> str:
+        """The model name recorded in the enrichment key."""
+        if self.model:
+            return self.model
+        if self.backend == "local":
+            from pipelines.local_llm import DEFAULT_LOCAL_MODEL
+
+            return DEFAULT_LOCAL_MODEL
+        raise ValueError(f"backend {self.backend!r} needs --model")
+
+
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def error_row(row: dict, error: str, latency_ms: float = 0.0) -> dict:
+    return {**row, "raw_output": None, "input_tokens": 0, "output_tokens": 0, "latency_ms": latency_ms,
+            "error": error}
+
+
+# ---------------------------------------------------------------- openai (HTTP) ---------------------------------
+
+
+class _Response:
+    """What Ray's HTTP stage reads from a response: status and json()."""
+
+    def __init__(self, status: int, payload: dict):
+        self.status = status
+        self.reason = "OK"
+        self._payload = payload
+
+    async def json(self):
+        return self._payload
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+
+class ErrorTolerantSession:
+    """aiohttp session for Ray's HttpRequestStage that owns timeouts, retries and backoff, and turns a
+    request that still fails into a 200 whose JSON carries `sira_error`, so one bad row never fails the job."""
+
+    RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504}
+
+    def __init__(self, timeout_s: float, max_retries: int, retry_base_s: float):
+        import aiohttp
+
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._max_retries = max_retries
+        self._retry_base_s = retry_base_s
+        self._session = None
+
+    async def __aenter__(self):
+        import aiohttp
+
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self._session.close()
+
+    def post(self, url: str, headers: dict | None = None, data: Any = None):
+        return self._post(url, headers, data)
+
+    async def _post(self, url, headers, data) -> _Response:
+        import aiohttp
+
+        started = time.perf_counter()
+        problem = ""
+        for attempt in range(self._max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._retry_base_s * 2 ** (attempt - 1))
+            try:
+                async with self._session.post(url, headers=headers, data=data) as resp:
+                    # Decoded leniently: a body in a wrong charset is an error row, not an exception that fails the job.
+                    body = (await resp.read()).decode("utf-8", "replace")
+                    if resp.status in self.RETRYABLE:
+                        problem = f"HTTP {resp.status}"
+                        continue
+                    try:
+                        payload = json.loads(body)
+                    except json.JSONDecodeError:
+                        return self._failed(f"HTTP {resp.status}: response is not JSON: {body[:80]!r}", started)
+                    if resp.status >= 400:
+                        return self._failed(f"HTTP {resp.status}: {str(payload)[:200]}", started)
+                    if not isinstance(payload, dict):
+                        return self._failed(f"response JSON is not an object: {body[:80]!r}", started)
+                    payload["sira_latency_ms"] = (time.perf_counter() - started) * 1000
+                    return _Response(200, payload)
+            except asyncio.TimeoutError:
+                problem = f"timeout after {self._timeout.total:g} s"
+            except aiohttp.ClientError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+        return self._failed(f"{problem} (after {self._max_retries + 1} attempts)", started)
+
+    @staticmethod
+    def _failed(error: str, started: float) -> _Response:
+        return _Response(200, {"sira_error": error, "sira_latency_ms": (time.perf_counter() - started) * 1000})
+
+
+def openai_postprocess(row: dict) -> dict:
+    """OpenAI chat-completions response -> the backend output columns."""
+    resp = row.pop("http_response", None) or {}
+    keep = {k: v for k, v in row.items() if k not in ("payload",)}
+    latency = float(resp.get("sira_latency_ms", 0.0))
+    # Ray stores the batch's responses as one Arrow struct column, so a row without an error still has the key
+    # (as None) when another row of its batch has one.
+    if resp.get("sira_error"):
+        return error_row(keep, resp["sira_error"], latency)
+    try:
+        content = resp["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return error_row(keep, f"malformed completion: {json.dumps(resp)[:120]}", latency)
+    usage = resp.get("usage") or {}
+    return {**keep, "raw_output": content, "input_tokens": int(usage.get("prompt_tokens") or 0),
+            "output_tokens": int(usage.get("completion_tokens") or 0), "latency_ms": latency, "error": None}
+
+
+def openai_stage(cfg: BackendConfig) -> Callable:
+    from ray.data.llm import HttpRequestProcessorConfig, build_processor
+
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get(cfg.api_key_env):
+        headers["Authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
+    body = {"model": cfg.model_id(), "temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": cfg.max_tokens}
+    if cfg.structured_output:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "keywords", "schema": JSON_SCHEMA}}
+    timeout_s, retries, base = cfg.timeout_s, cfg.max_retries, cfg.retry_base_s
+    processor = build_processor(
+        HttpRequestProcessorConfig(
+            url=cfg.base_url.rstrip("/") + "/chat/completions",
+            headers=headers,
+            qps=cfg.qps,
+            max_retries=0,  # retries happen inside ErrorTolerantSession, which knows which errors to retry
+            batch_size=cfg.batch_size,
+            concurrency=cfg.concurrency,
+            session_factory=lambda: ErrorTolerantSession(timeout_s, retries, base),
+            # The stage only waits on sockets; a whole-CPU actor starves the map tasks on small machines.
+            http_request_stage={"num_cpus": 0.1},
+        ),
+        preprocess=lambda row: {**row, "payload": {**body, "messages": chat_messages(row["prompt"])}},
+        postprocess=openai_postprocess,
+        preprocess_map_kwargs={"num_cpus": 0.1},
+        postprocess_map_kwargs={"num_cpus": 0.1},
+    )
+    return processor
+
+
+# ---------------------------------------------------------------- vllm (GPU) ---------------------------------------
+
+
+def vllm_postprocess(row: dict) -> dict:
+    keep = {k: v for k, v in row.items()
+            if k not in ("messages", "sampling_params", "generated_text", "generated_tokens", "num_input_tokens",
+                         "num_generated_tokens", "prompt_token_ids", "time_taken_llm", "params", "metrics",
+                         "request_id", "__inference_error__", "embeddings", "batch_uuid")}
+    error = row.get("__inference_error__") or None
+    if error:
+        return error_row(keep, str(error)[:500])
+    return {**keep, "raw_output": row.get("generated_text"), "input_tokens": int(row.get("num_input_tokens") or 0),
+            "output_tokens": int(row.get("num_generated_tokens") or 0),
+            "latency_ms": float(row.get("time_taken_llm") or 0.0) * 1000, "error": None}
+
+
+def vllm_sampling_params(cfg: BackendConfig) -> dict:
+    params = {"temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": cfg.max_tokens}
+    if cfg.structured_output:
+        params["structured_outputs"] = {"json": JSON_SCHEMA}
+    return params
+
+
+def vllm_stage(cfg: BackendConfig) -> Callable:
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    sampling = vllm_sampling_params(cfg)
+    config = vLLMEngineProcessorConfig(
+        model_source=cfg.model_id(),
+        # Prefix caching pays off because every prompt starts with the same instructions (document last).
+        engine_kwargs={"enable_prefix_caching": True, "max_model_len": 4096, **cfg.engine_kwargs},
+        concurrency=cfg.concurrency,
+        batch_size=cfg.batch_size,
+        should_continue_on_error=True,
+    )
+    return build_processor(
+        config,
+        preprocess=lambda row: {**row, "messages": chat_messages(row["prompt"]), "sampling_params": sampling},
+        postprocess=vllm_postprocess,
+        builder_kwargs={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+
+
+# ---------------------------------------------------------------- local (embedded CPU) -----------------------------
+
+
+def local_stage(cfg: BackendConfig) -> Callable:
+    from pipelines.local_llm import LocalLLMActor
+
+    def stage(ds):
+        return ds.map_batches(
+            LocalLLMActor,
+            fn_constructor_kwargs={"config_json": cfg.model_dump_json()},
+            batch_size=cfg.batch_size,
+            batch_format="pandas",
+            concurrency=cfg.concurrency,
+            # Fractional CPUs: on small machines a whole-CPU actor starves the read/write tasks (deadlock).
+            num_cpus=0.5,
+        )
+
+    return stage
+
+
+STAGES = {"openai": openai_stage, "vllm": vllm_stage, "local": local_stage}
+
+
+def build_stage(cfg: BackendConfig) -> Callable:
+    """A callable that maps a Ray Dataset of {..., prompt} rows to rows with the backend output columns."""
+    return STAGES[cfg.backend](cfg)

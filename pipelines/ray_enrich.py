@@ -1,0 +1,116 @@
+"""The Ray Data enrichment dataflow: docs to enrich -> prompt -> LLM backend -> parse -> `enrichment` (Delta).
+
+Results are committed every `commit_every` rows with a Delta MERGE on the enrichment key, so a job killed
+at any point keeps what it committed, and a rerun neither redoes nor duplicates it.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+
+from pipelines.delta_io import read_table, table_exists
+from pipelines.llm_backends import BackendConfig, build_stage
+from sira_core import tables
+from sira_core.enrichment import PromptTemplate, document_input, parse_phrases
+
+
+def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors: bool = True) -> tuple[pa.Table, int]:
+    """Docs whose current content has no enrichment for (model, prompt_version) yet; and how many were skipped."""
+    docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "title", "text", "content_hash"])
+    uri = tables.table_uri(warehouse, tables.ENRICHMENT)
+    if not table_exists(uri):
+        return docs, 0
+    done = read_table(uri, columns=["doc_id", "content_hash", "model", "prompt_version", "error"])
+    done = done.filter(pc.and_(pc.equal(done["model"], model), pc.equal(done["prompt_version"], prompt_version)))
+    if retry_errors:
+        done = done.filter(pc.is_null(done["error"]))
+    todo = docs.join(done.select(["doc_id", "content_hash"]), keys=["doc_id", "content_hash"], join_type="left anti")
+    return todo.sort_by("doc_id"), docs.num_rows - todo.num_rows
+
+
+def commit(warehouse: str, rows: pa.Table) -> None:
+    """Upsert one chunk: new keys are inserted; an errored row is replaced by its retry."""
+    uri = tables.table_uri(warehouse, tables.ENRICHMENT)
+    rows = rows.select(tables.ENRICHMENT_SCHEMA.names).cast(tables.ENRICHMENT_SCHEMA)
+    if not table_exists(uri):
+        write_deltalake(uri, rows, mode="append")
+        return
+    predicate = " AND ".join(f"t.{k} = s.{k}" for k in tables.ENRICHMENT_KEY)
+    (
+        DeltaTable(uri)
+        .merge(rows, predicate=predicate, source_alias="s", target_alias="t")
+        .when_matched_update_all(predicate="t.error IS NOT NULL")
+        .when_not_matched_insert_all()
+        .execute()
+    )
+
+
+def enrich(
+    warehouse: str,
+    todo: pa.Table,
+    template: PromptTemplate,
+    backend: BackendConfig,
+    max_n: int,
+    commit_every: int = 256,
+    on_progress: Callable[[int], None] = lambda n: None,
+) -> dict:
+    """Run the dataflow over `todo` and commit results in chunks; returns counters."""
+    import ray
+
+    model, prompt_version, backend_name = backend.model_id(), template.version, backend.backend
+
+    def make_prompt(row: dict) -> dict:
+        return {"doc_id": row["doc_id"], "content_hash": row["content_hash"],
+                "prompt": template.render(document_input(row["title"], row["text"]), max_n)}
+
+    def parse(row: dict) -> dict:
+        phrases, parse_error = parse_phrases(row.get("raw_output"), max_words=max_n) if not row.get("error") else ([], None)
+        return {"doc_id": row["doc_id"], "content_hash": row["content_hash"], "model": model,
+                "prompt_version": prompt_version, "backend": backend_name, "phrases": phrases,
+                "raw_output": row.get("raw_output"), "input_tokens": int(row.get("input_tokens") or 0),
+                "output_tokens": int(row.get("output_tokens") or 0),
+                "latency_ms": float(row.get("latency_ms") or 0.0), "error": row.get("error") or parse_error,
+                "enriched_at": datetime.now(timezone.utc)}
+
+    counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
+    if todo.num_rows == 0:
+        return counters
+    # One input block per commit: a map task emits its output only when its whole block is done, so a single
+    # block would hold every result back until the end and a killed job would lose them all.
+    blocks = [todo.slice(start, commit_every) for start in range(0, todo.num_rows, commit_every)]
+    ds = ray.data.from_arrow(blocks).map(make_prompt, num_cpus=0.1)
+    ds = build_stage(backend)(ds).map(parse, num_cpus=0.1)
+    for chunk in _chunks(ds, commit_every):
+        commit(warehouse, chunk)
+        errors = chunk.num_rows - pc.sum(pc.is_null(chunk["error"]).cast(pa.int64())).as_py()
+        counters["enriched"] += chunk.num_rows - errors
+        counters["errors"] += errors
+        counters["input_tokens"] += pc.sum(chunk["input_tokens"]).as_py() or 0
+        counters["output_tokens"] += pc.sum(chunk["output_tokens"]).as_py() or 0
+        on_progress(chunk.num_rows)
+    return counters
+
+
+def _chunks(ds, size: int) -> Iterator[pa.Table]:
+    for batch in ds.iter_batches(batch_size=size, batch_format="pyarrow"):
+        yield pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
+                 configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    time.sleep(0)  # keep the import of time meaningful for callers timing init

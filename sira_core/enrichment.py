@@ -1,0 +1,160 @@
+"""Corpus-side SIRA logic, engine-free: prompts, output parsing, the corpus-side DF filter.
+
+Prompt templates are files (`prompts/doc/<task>.txt`); a template's version is its task plus a hash of
+its text, so editing a template invalidates exactly the enrichments made with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Callable, Mapping, Sequence
+
+from sira_core.analysis import Analyzer
+
+DOC_INPUT_CHARS = 4000
+MAX_PHRASES = 10
+TASKS = ("generic", "fact_check", "argument", "duplicate", "finance", "citation", "factoid_qa", "multihop_qa")
+# The task whose prompt suits each BEIR dataset (overridable with --task).
+DATASET_TASKS = {
+    "scifact": "fact_check", "climate-fever": "fact_check", "fever": "fact_check",
+    "arguana": "argument", "webis-touche2020": "argument",
+    "quora": "duplicate", "cqadupstack": "duplicate",
+    "fiqa": "finance",
+    "scidocs": "citation",
+    "nq": "factoid_qa", "trec-covid": "generic", "nfcorpus": "generic", "dbpedia-entity": "factoid_qa",
+    "hotpotqa": "multihop_qa",
+}
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"keywords": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PHRASES}},
+    "required": ["keywords"],
+}
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    side: str  # doc | query
+    task: str
+    text: str
+
+    @property
+    def version(self) -> str:
+        return f"{self.side}-{self.task}-{hashlib.sha256(self.text.encode()).hexdigest()[:10]}"
+
+    def render(self, document: str, max_n: int, max_phrases: int = MAX_PHRASES) -> str:
+        # str.replace, not str.format: templates contain literal JSON braces.
+        return (self.text.replace("{max_phrases}", str(max_phrases)).replace("{max_n}", str(max_n))
+                .replace("{document}", document))
+
+
+@lru_cache(maxsize=None)
+def load_template(side: str, task: str) -> PromptTemplate:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    text = resources.files("sira_core").joinpath(f"prompts/{side}/{task}.txt").read_text("utf-8")
+    return PromptTemplate(side, task, text)
+
+
+def task_for_dataset(name: str | None) -> str:
+    return DATASET_TASKS.get((name or "").lower(), "generic")
+
+
+def document_input(title: str, text: str, max_chars: int = DOC_INPUT_CHARS) -> str:
+    """`title + ". " + text`, cut at max_chars (the reference's document input)."""
+    return (f"{title}. {text}" if title else text)[:max_chars]
+
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+_SPACES = re.compile(r"\s+")
+
+
+def parse_phrases(raw: str | None, max_phrases: int = MAX_PHRASES, max_words: int = 4) -> tuple[list[str], str | None]:
+    """Phrases from an LLM's output, and an error when the output is unusable. Never raises.
+
+    Accepts {"keywords": [...]}, a bare JSON list, JSON inside code fences or surrounded by prose.
+    Phrases are trimmed, de-duplicated (case-insensitively), kept to max_words words and max_phrases.
+    """
+    if raw is None or not raw.strip():
+        return [], "empty output"
+    value = _first_json(raw)
+    if value is None:
+        return [], f"no JSON found in output: {raw[:80]!r}"
+    if isinstance(value, dict):
+        value = next((value[k] for k in ("keywords", "phrases", "terms", "queries") if k in value), None)
+    if not isinstance(value, list):
+        return [], "JSON has no list of keywords"
+    phrases, seen = [], set()
+    for item in value:
+        if not isinstance(item, str):
+            continue
+        phrase = _SPACES.sub(" ", item).strip(" .,;:\"'")
+        if not phrase or len(phrase.split(" ")) > max_words or phrase.lower() in seen:
+            continue
+        seen.add(phrase.lower())
+        phrases.append(phrase)
+        if len(phrases) == max_phrases:
+            break
+    if not phrases and value:
+        return [], "no usable phrase in the keyword list"
+    return phrases, None
+
+
+def _first_json(raw: str):
+    candidates = [m.group(1) for m in _FENCE.finditer(raw)] + [raw]
+    decoder = json.JSONDecoder()
+    for text in candidates:
+        for start, ch in enumerate(text):
+            if ch in "{[":
+                try:
+                    return decoder.raw_decode(text, start)[0]
+                except json.JSONDecodeError:
+                    continue
+    return None
+
+
+@dataclass(frozen=True)
+class PhraseDecision:
+    phrase: str
+    kept: bool
+    reason: str  # kept | in document | too common | no terms
+    min_df: int | None
+    terms: tuple[str, ...]
+
+
+def contains_sequence(tokens: Sequence[str], sub: Sequence[str]) -> bool:
+    n = len(sub)
+    return n > 0 and any(list(tokens[i : i + n]) == list(sub) for i in range(len(tokens) - n + 1))
+
+
+def corpus_side_filter(
+    phrases: Sequence[str],
+    doc_tokens: Sequence[str],
+    analyzer: Analyzer,
+    df_lookup: Callable[[Sequence[str]], Mapping[str, int]],
+    num_docs: int,
+    tau: float,
+) -> list[PhraseDecision]:
+    """Decide each proposed phrase: dropped when already in the document (as a token sequence) or when the
+    smallest DF of its sub-n-grams in the ORIGINAL corpus exceeds tau*|C|; phrases unseen there are kept."""
+    limit = tau * num_docs
+    analysed = [(p, analyzer.tokens(p)) for p in phrases]
+    terms_of = {p: tuple(analyzer.terms(p)) for p, _ in analysed}
+    dfs = df_lookup(sorted({t for ts in terms_of.values() for t in ts}))
+    out = []
+    for phrase, tokens in analysed:
+        terms = terms_of[phrase]
+        if not terms:
+            out.append(PhraseDecision(phrase, False, "no terms", None, terms))
+            continue
+        if contains_sequence(doc_tokens, tokens):
+            out.append(PhraseDecision(phrase, False, "in document", None, terms))
+            continue
+        min_df = min(dfs.get(t, 0) for t in terms)
+        kept = min_df <= limit
+        out.append(PhraseDecision(phrase, kept, "kept" if kept else "too common", min_df, terms))
+    return out

@@ -1,0 +1,244 @@
+"""`sira enrich --backend openai` end to end: real local Ray, real Delta tables, a real loopback HTTP server
+(tests/fake_openai.py) that answers well, fails, stalls or talks nonsense on demand."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_DOCS
+from fake_openai import POISON_MARKER, FakeOpenAI, document_of, fake_openai, fake_openai_server, keywords_for  # noqa: F401
+from jobs import enrich as enrich_job
+from jobs import ingest as ingest_job
+from pipelines.delta_io import read_table, table_version
+from pipelines.llm_backends import BackendConfig
+from sira_core import tables
+from sira_core.enrichment import JSON_SCHEMA, document_input, load_template
+
+pytestmark = pytest.mark.integration
+
+MODEL = "fake-model"
+REPO = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = {"documents", "enriched", "skipped", "errors", "input_tokens", "output_tokens", "seconds"}
+DOC_INPUTS = {d["_id"]: document_input(d["title"], d["text"]) for d in TINY_DOCS}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def local_ray():
+    """One local Ray for the session (the job's init_ray is idempotent, so every run reuses it)."""
+    from pipelines.ray_enrich import init_ray
+
+    init_ray()
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+def make_warehouse(root: Path, docs=TINY_DOCS) -> str:
+    root.mkdir(parents=True, exist_ok=True)
+    source = root / "corpus.jsonl"
+    source.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    warehouse = str(root / "wh")
+    ingest_job.run(ingest_job.IngestConfig(source=str(source), warehouse=warehouse))
+    return warehouse
+
+
+def run_enrich(warehouse: str, server: FakeOpenAI, limit: int | None = None, **backend) -> dict:
+    settings = {"timeout_s": 5.0, "max_retries": 2, "retry_base_s": 0.01, "batch_size": 4, **backend}
+    cfg = enrich_job.EnrichConfig(
+        warehouse=warehouse, commit_every=5, limit=limit,
+        backend=BackendConfig(backend="openai", model=MODEL, base_url=server.base_url, **settings),
+    )
+    return enrich_job.run(cfg)
+
+
+def enrichment_rows(warehouse: str) -> list[dict]:
+    return read_table(tables.table_uri(warehouse, tables.ENRICHMENT)).to_pylist()
+
+
+def assert_one_row_per_key(rows: list[dict]) -> None:
+    keys = Counter(tuple(r[k] for k in tables.ENRICHMENT_KEY) for r in rows)
+    assert all(n == 1 for n in keys.values()), [k for k, n in keys.items() if n > 1]
+
+
+def test_happy_path_enriches_every_doc_with_parsed_phrases_and_token_counts(tmp_path, fake_openai):
+    wh = make_warehouse(tmp_path)
+    summary = run_enrich(wh, fake_openai)
+
+    assert SUMMARY_KEYS <= summary.keys() and json.loads(json.dumps(summary))["documents"] == len(TINY_DOCS)
+    assert (summary["documents"], summary["enriched"], summary["skipped"], summary["errors"]) == (12, 12, 0, 0)
+    assert summary["seconds"] > 0
+    requests = fake_openai.requests
+    assert len(requests) == len(TINY_DOCS)  # no retries when the server is healthy
+    assert summary["input_tokens"] == sum(len(r.prompt.split()) for r in requests)
+    assert summary["output_tokens"] == sum(
+        len(json.dumps({"keywords": keywords_for(document_of(r.prompt))}).split()) for r in requests)
+
+    body = requests[0].body
+    assert (body["model"], body["temperature"], body["seed"]) == (MODEL, 0.4, 42)
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"] == JSON_SCHEMA
+    ends_with = [d for r in requests for d in DOC_INPUTS.values() if r.prompt.rstrip().endswith(d)]
+    assert sorted(ends_with) == sorted(DOC_INPUTS.values())  # each prompt ends with its document (prefix caching)
+
+    rows = enrichment_rows(wh)
+    assert sorted(r["doc_id"] for r in rows) == sorted(DOC_INPUTS)
+    version = load_template("doc", "generic").version
+    for r in rows:
+        assert (r["model"], r["prompt_version"], r["backend"], r["error"]) == (MODEL, version, "openai", None)
+        assert r["phrases"] == keywords_for(DOC_INPUTS[r["doc_id"]])
+        assert json.loads(r["raw_output"]) == {"keywords": r["phrases"]}
+        assert r["input_tokens"] > 0 and r["output_tokens"] > 0 and r["latency_ms"] > 0
+    assert_one_row_per_key(rows)
+
+
+def test_rerun_is_incremental_and_a_changed_doc_is_enriched_again(tmp_path, fake_openai):
+    wh = make_warehouse(tmp_path)
+    run_enrich(wh, fake_openai)
+    uri = tables.table_uri(wh, tables.ENRICHMENT)
+    version = table_version(uri)
+
+    fake_openai.reset("ok")
+    again = run_enrich(wh, fake_openai)
+    assert (again["documents"], again["enriched"], again["skipped"], again["errors"]) == (12, 0, 12, 0)
+    assert fake_openai.requests == [] and table_version(uri) == version
+
+    changed = [dict(d, text=d["text"] + " Also known as cardiac arrest.") if d["_id"] == "d03" else d
+               for d in TINY_DOCS]
+    make_warehouse(tmp_path, changed)  # re-ingest: a new snapshot of docs, d03 with a new content hash
+    third = run_enrich(wh, fake_openai)
+    assert (third["documents"], third["enriched"], third["skipped"], third["errors"]) == (12, 1, 11, 0)
+    assert [document_of(r.prompt).rstrip() for r in fake_openai.requests] == [
+        document_input("Stroke", changed[2]["text"])]
+    rows = enrichment_rows(wh)
+    assert len(rows) == 13 and Counter(r["doc_id"] for r in rows)["d03"] == 2  # the old version's row stays
+    assert_one_row_per_key(rows)
+
+
+def test_http_500_becomes_an_error_row_per_doc_and_the_job_finishes(tmp_path, fake_openai):
+    wh = make_warehouse(tmp_path)
+    fake_openai.reset("http500")
+    summary = run_enrich(wh, fake_openai, max_retries=2)
+
+    assert (summary["documents"], summary["enriched"], summary["errors"]) == (12, 0, 12)
+    assert set(fake_openai.attempts_by_document().values()) == {3}
+    rows = enrichment_rows(wh)
+    assert len(rows) == 12
+    assert {r["error"] for r in rows} == {"HTTP 500 (after 3 attempts)"}
+    assert all(r["phrases"] == [] and r["raw_output"] is None for r in rows)
+
+
+def test_flaky_server_is_retried_and_every_doc_succeeds(tmp_path, fake_openai):
+    wh = make_warehouse(tmp_path)
+    fake_openai.reset("flaky")
+    summary = run_enrich(wh, fake_openai, max_retries=2)
+
+    assert (summary["enriched"], summary["errors"]) == (12, 0)
+    assert set(fake_openai.attempts_by_document().values()) == {2}
+    assert [r.status for r in fake_openai.requests].count(500) == 12
+    assert all(r["error"] is None and r["phrases"] for r in enrichment_rows(wh))
+
+
+def test_timeout_becomes_an_error_row(tmp_path, fake_openai):
+    wh = make_warehouse(tmp_path)
+    fake_openai.reset("slow")
+    summary = run_enrich(wh, fake_openai, limit=2, timeout_s=0.5, max_retries=1)
+
+    assert (summary["documents"], summary["enriched"], summary["errors"]) == (12, 0, 2)
+    assert set(fake_openai.attempts_by_document().values()) == {2}
+    rows = enrichment_rows(wh)
+    assert sorted(r["doc_id"] for r in rows) == ["d01", "d02"]
+    assert {r["error"] for r in rows} == {"timeout after 0.5 s (after 2 attempts)"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "error_prefix", "keeps_raw_output"),
+    [("junk", "no JSON found in output", True), ("not_json", "HTTP 200: response is not JSON", False)],
+)
+def test_unusable_answers_become_error_rows(tmp_path, fake_openai, mode, error_prefix, keeps_raw_output):
+    wh = make_warehouse(tmp_path)
+    fake_openai.reset(mode)
+    summary = run_enrich(wh, fake_openai)
+
+    assert (summary["enriched"], summary["errors"]) == (0, 12)
+    assert len(fake_openai.requests) == 12  # a 200 is an answer: nothing to retry
+    rows = enrichment_rows(wh)
+    assert all(r["error"].startswith(error_prefix) and r["phrases"] == [] for r in rows)
+    if keeps_raw_output:
+        assert all(r["raw_output"].startswith("Sure! Here are some keywords") for r in rows)
+        assert summary["input_tokens"] > 0  # the call was paid for even though its answer is unusable
+    else:
+        assert all(r["raw_output"] is None for r in rows)
+
+
+def test_poison_doc_errors_alone_and_a_later_rerun_retries_just_that_doc(tmp_path, fake_openai):
+    docs = [dict(d, text=d["text"] + " " + POISON_MARKER) if d["_id"] == "d05" else d for d in TINY_DOCS]
+    wh = make_warehouse(tmp_path, docs)
+    fake_openai.reset("poison")
+    first = run_enrich(wh, fake_openai, max_retries=1)
+
+    assert (first["enriched"], first["errors"]) == (11, 1)
+    errors = {r["doc_id"]: r["error"] for r in enrichment_rows(wh) if r["error"]}
+    assert errors == {"d05": "HTTP 500 (after 2 attempts)"}
+
+    fake_openai.reset("ok")
+    second = run_enrich(wh, fake_openai)
+    assert (second["documents"], second["enriched"], second["skipped"], second["errors"]) == (12, 1, 11, 0)
+    assert [POISON_MARKER in r.prompt for r in fake_openai.requests] == [True]
+    rows = enrichment_rows(wh)
+    assert len(rows) == 12 and all(r["error"] is None for r in rows)  # the error row was replaced, not duplicated
+    assert_one_row_per_key(rows)
+
+
+def sira_enrich(warehouse: str, server: FakeOpenAI, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "jobs.cli", "enrich", "--warehouse", warehouse, "--backend", "openai",
+            "--base-url", server.base_url, "--model", MODEL, "--batch-size", "4", "--commit-every", "4",
+            "--timeout-s", "10", *extra]
+
+
+def test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates(tmp_path, fake_openai):
+    docs = [{"_id": f"r{i:02d}", "title": f"Topic {i}", "text": f"Document number {i} about subject {i % 7}."}
+            for i in range(30)]
+    wh = make_warehouse(tmp_path, docs)
+    uri = tables.table_uri(wh, tables.ENRICHMENT)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, like a real run
+    fake_openai.reset("ok", delay_s=0.15)
+
+    with open(tmp_path / "killed.log", "w") as log:
+        # A session of its own, so the kill takes the job's whole process group (its local Ray too).
+        proc = subprocess.Popen(sira_enrich(wh, fake_openai), cwd=REPO, env=env, stdout=log, stderr=log,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while table_version(uri) is None:
+                assert proc.poll() is None, (tmp_path / "killed.log").read_text()
+                assert time.monotonic() < deadline, "no commit landed"
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    committed = read_table(uri).num_rows
+    assert 0 < committed < len(docs), "the job was not killed part-way"
+
+    fake_openai.reset("ok")
+    out = tmp_path / "summary.json"
+    done = subprocess.run(sira_enrich(wh, fake_openai, "--output-json", str(out)), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert (summary["documents"], summary["skipped"], summary["errors"]) == (30, committed, 0)
+    assert summary["enriched"] == len(docs) - committed == len(fake_openai.requests)
+
+    rows = enrichment_rows(wh)
+    assert_one_row_per_key(rows)
+    assert sorted(r["doc_id"] for r in rows) == [d["_id"] for d in docs]
+    assert all(r["error"] is None for r in rows)
