@@ -60,7 +60,7 @@ def analyze_batches(analyzer_json: str, num_shards: int, num_docs: int = 0, tau:
                 counts = Counter(ngrams(tokens, analyzer.config.max_n))
                 decisions = []
                 if phrases:
-                    lookup = dict(df_map or [])
+                    lookup = {e["term"]: e["df"] for e in df_map or []}
                     decisions = corpus_side_filter(phrases, tokens, analyzer, lambda ts: lookup, num_docs, tau)
                     for d in decisions:
                         if d.kept:

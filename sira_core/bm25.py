@@ -279,8 +279,10 @@ def _score_top_k_batch(indptr, doc_ords, impacts, q_ptr, rows, weights, k, score
                     scores[d] += w * impacts[j]
             for t in range(n_touched):
                 d = touched[t]
-                size = _heap_offer(heap_s, heap_o, size, k, scores[d], d)
+                s = scores[d]
                 scores[d] = 0.0
+                if size < k or s >= heap_s[0]:  # a strictly lower score can never enter a full heap
+                    size = _heap_offer(heap_s, heap_o, size, k, s, d)
         else:
             # Many postings: branch-free accumulation and one scan in ordinal order.
             for i in range(q_ptr[q], q_ptr[q + 1]):

@@ -199,44 +199,37 @@ def test_poison_doc_errors_alone_and_a_later_rerun_retries_just_that_doc(tmp_pat
     assert_one_row_per_key(rows)
 
 
-def sira_enrich(warehouse: str, server: FakeOpenAI, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "jobs.cli", "enrich", "--warehouse", warehouse, "--backend", "openai",
-            "--base-url", server.base_url, "--model", MODEL, "--batch-size", "4", "--commit-every", "4",
-            "--timeout-s", "10", *extra]
-
-
 def test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates(tmp_path, fake_openai):
     docs = [{"_id": f"r{i:02d}", "title": f"Topic {i}", "text": f"Document number {i} about subject {i % 7}."}
             for i in range(30)]
     wh = make_warehouse(tmp_path, docs)
     uri = tables.table_uri(wh, tables.ENRICHMENT)
+    fake_openai.reset("ok", delay_s=0.15)  # slow enough to kill the job between its commits
+    command = [sys.executable, "-m", "jobs.cli", "enrich", "--warehouse", wh, "--backend", "openai",
+               "--base-url", fake_openai.base_url, "--model", MODEL, "--batch-size", "4", "--commit-every", "4"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, like a real run
-    fake_openai.reset("ok", delay_s=0.15)
-
-    with open(tmp_path / "killed.log", "w") as log:
-        # A session of its own, so the kill takes the job's whole process group (its local Ray too).
-        proc = subprocess.Popen(sira_enrich(wh, fake_openai), cwd=REPO, env=env, stdout=log, stderr=log,
-                                start_new_session=True)
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        # A session of its own, so that SIGKILL takes the job's whole process group, its local Ray included.
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out, start_new_session=True)
         try:
             deadline = time.monotonic() + 240
             while table_version(uri) is None:
-                assert proc.poll() is None, (tmp_path / "killed.log").read_text()
-                assert time.monotonic() < deadline, "no commit landed"
+                assert proc.poll() is None, f"the job ended before its first commit:\n{log.read_text()}"
+                assert time.monotonic() < deadline, f"no commit landed:\n{log.read_text()}"
                 time.sleep(0.05)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    committed = read_table(uri).num_rows
-    assert 0 < committed < len(docs), "the job was not killed part-way"
+    committed = {r["doc_id"] for r in enrichment_rows(wh)}
+    assert 0 < len(committed) < len(docs), "the job was not killed part-way"
 
     fake_openai.reset("ok")
-    out = tmp_path / "summary.json"
-    done = subprocess.run(sira_enrich(wh, fake_openai, "--output-json", str(out)), cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(out.read_text())
-    assert (summary["documents"], summary["skipped"], summary["errors"]) == (30, committed, 0)
-    assert summary["enriched"] == len(docs) - committed == len(fake_openai.requests)
+    summary = run_enrich(wh, fake_openai)
+    assert (summary["documents"], summary["skipped"], summary["errors"]) == (30, len(committed), 0)
+    assert summary["enriched"] == len(docs) - len(committed)
+    missing = {document_input(d["title"], d["text"]) for d in docs if d["_id"] not in committed}
+    assert {document_of(r.prompt).rstrip() for r in fake_openai.requests} == missing  # committed docs are not redone
 
     rows = enrichment_rows(wh)
     assert_one_row_per_key(rows)
