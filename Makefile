@@ -1,4 +1,5 @@
-# The two commands of the README. Both create the local environment if it is missing.
+# The two commands of the README. Both create the local environment if it is missing
+# (the `local` extra compiles llama.cpp once: about 5-7 minutes on 2 cores).
 PY      ?= python3
 VENV    ?= .venv
 DATASET ?= beir:scifact
@@ -10,7 +11,7 @@ SIRA    := $(VENV)/bin/sira
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip uv
-	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev]'
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev,local]'
 	touch $@
 
 env: $(VENV)/.installed

@@ -55,7 +55,7 @@ def enrich(
     max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
     batch_size: int = typer.Option(16, "--batch-size"),
     concurrency: int = typer.Option(1, help="engine replicas (vllm: one per GPU)"),
-    qps: Optional[float] = typer.Option(None, help="openai: requests per second"),
+    qps: Optional[int] = typer.Option(None, help="openai: requests per second"),
     timeout_s: float = typer.Option(60.0, "--timeout-s"),
     max_retries: int = typer.Option(3, "--max-retries"),
     max_tokens: int = typer.Option(160, "--max-tokens"),

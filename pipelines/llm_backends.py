@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import time
 from typing import Any, Callable, Literal
 
@@ -40,7 +41,7 @@ class BackendConfig(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(3, ge=0)
     retry_base_s: float = Field(1.0, ge=0)
-    qps: float | None = Field(None, gt=0, description="openai: request rate limit")
+    qps: int | None = Field(None, ge=1, description="openai: requests per second (Ray takes whole numbers)")
     batch_size: int = Field(16, gt=0)
     concurrency: int = Field(1, gt=0, description="engine replicas (vllm: one per GPU)")
     structured_output: bool = True
@@ -118,15 +119,19 @@ class ErrorTolerantSession:
 
         started = time.perf_counter()
         problem = ""
+        retry_after = 0.0
         for attempt in range(self._max_retries + 1):
             if attempt:
-                await asyncio.sleep(self._retry_base_s * 2 ** (attempt - 1))
+                # Exponential backoff with jitter, or the server's Retry-After when it names one.
+                backoff = self._retry_base_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
+                await asyncio.sleep(max(retry_after, backoff))
             try:
                 async with self._session.post(url, headers=headers, data=data) as resp:
                     # Decoded leniently: a body in a wrong charset is an error row, not an exception that fails the job.
                     body = (await resp.read()).decode("utf-8", "replace")
                     if resp.status in self.RETRYABLE:
                         problem = f"HTTP {resp.status}"
+                        retry_after = _seconds(resp.headers.get("Retry-After"))
                         continue
                     try:
                         payload = json.loads(body)
@@ -147,6 +152,13 @@ class ErrorTolerantSession:
     @staticmethod
     def _failed(error: str, started: float) -> _Response:
         return _Response(200, {"sira_error": error, "sira_latency_ms": (time.perf_counter() - started) * 1000})
+
+
+def _seconds(value: str | None) -> float:
+    try:
+        return min(float(value), 300.0) if value else 0.0
+    except ValueError:  # an HTTP date: fall back to the backoff
+        return 0.0
 
 
 def openai_postprocess(row: dict) -> dict:
@@ -221,11 +233,10 @@ def vllm_sampling_params(cfg: BackendConfig) -> dict:
     return params
 
 
-def vllm_stage(cfg: BackendConfig) -> Callable:
-    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+def vllm_processor_config(cfg: BackendConfig):
+    from ray.data.llm import vLLMEngineProcessorConfig
 
-    sampling = vllm_sampling_params(cfg)
-    config = vLLMEngineProcessorConfig(
+    return vLLMEngineProcessorConfig(
         model_source=cfg.model_id(),
         # Prefix caching pays off because every prompt starts with the same instructions (document last).
         engine_kwargs={"enable_prefix_caching": True, "max_model_len": 4096, **cfg.engine_kwargs},
@@ -233,8 +244,15 @@ def vllm_stage(cfg: BackendConfig) -> Callable:
         batch_size=cfg.batch_size,
         should_continue_on_error=True,
     )
+
+
+def vllm_stage(cfg: BackendConfig) -> Callable:
+    """Needs the `gpu` extra (vLLM, transformers) where the processor is built."""
+    from ray.data.llm import build_processor
+
+    sampling = vllm_sampling_params(cfg)
     return build_processor(
-        config,
+        vllm_processor_config(cfg),
         preprocess=lambda row: {**row, "messages": chat_messages(row["prompt"]), "sampling_params": sampling},
         postprocess=vllm_postprocess,
         builder_kwargs={"chat_template_kwargs": {"enable_thinking": False}},

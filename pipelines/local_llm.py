@@ -52,14 +52,17 @@ DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct-q4_1"
 
 # What follows the rendered prompt in the completion formats, so a base model continues with the answer.
 COMPLETION_CUE = "\n\nJSON output:\n"
-# One worked example for base models (the `fewshot` format). Invented text, so no benchmark document leaks in.
-FEWSHOT_DOCUMENT = (
-    "Metformin and lactic acidosis in chronic kidney disease. We followed 312 patients with stage 3 chronic "
-    "kidney disease who took metformin for type 2 diabetes. Plasma lactate above 5 mmol/L was rare (0.4%) and "
-    "was not associated with the daily dose."
+# Worked examples for base models (the `fewshot` format), placed between the instructions and the document.
+# Invented texts from two domains, so no benchmark document leaks in and no one domain's vocabulary is primed.
+FEWSHOT_EXAMPLES = (
+    ("Metformin and lactic acidosis in chronic kidney disease. We followed 312 patients with stage 3 chronic "
+     "kidney disease who took metformin for type 2 diabetes. Plasma lactate above 5 mmol/L was rare (0.4%) and "
+     "was not associated with the daily dose.",
+     ["biguanide", "CKD", "renal impairment", "eGFR", "hyperlactatemia", "T2DM", "Glucophage"]),
+    ("Solar panel output in hot climates. In a two-year field test in Arizona, module output fell by 0.45% for "
+     "every degree Celsius above 25 degrees.",
+     ["photovoltaic", "PV module", "temperature coefficient", "heat derating", "desert installation"]),
 )
-FEWSHOT_ANSWER = json.dumps({"keywords": ["biguanide", "CKD", "renal impairment", "eGFR", "hyperlactatemia",
-                                          "antidiabetic drug safety", "T2DM", "kidney failure", "glucophage"]})
 
 
 def model_cache_dir() -> Path:
@@ -116,15 +119,15 @@ def _assembled(packaged: PackagedModel) -> Path:
 
 
 def completion_prompt(prompt: str, prompt_format: PromptFormat) -> str:
-    """The text a base model completes: the rendered prompt and the cue, after one example for `fewshot`."""
-    text = prompt + COMPLETION_CUE
-    if prompt_format == "fewshot":
-        marker = "Document:\n"
-        cut = prompt.rfind(marker)
-        instructions = prompt[: cut + len(marker)] if cut >= 0 else ""
-        # The example repeats the same instructions, so it fits any task's template.
-        text = instructions + FEWSHOT_DOCUMENT + COMPLETION_CUE + FEWSHOT_ANSWER + "\n\n" + text
-    return text
+    """The text a base model completes: the rendered prompt and the cue; for `fewshot`, the worked examples go
+    between the instructions and the document, in the same Document / JSON output layout."""
+    marker = "Document:\n"
+    cut = prompt.rfind(marker)
+    if prompt_format != "fewshot" or cut < 0:
+        return prompt.rstrip() + COMPLETION_CUE
+    examples = "".join(f"{marker}{doc}{COMPLETION_CUE}{json.dumps({'keywords': answer})}\n\n"
+                       for doc, answer in FEWSHOT_EXAMPLES)
+    return prompt[:cut] + examples + prompt[cut:].rstrip() + COMPLETION_CUE
 
 
 class LocalLLMActor:

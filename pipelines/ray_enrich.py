@@ -6,7 +6,6 @@ at any point keeps what it committed, and a rerun neither redoes nor duplicates 
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 from typing import Callable, Iterator
 
@@ -70,7 +69,8 @@ def enrich(
                 "prompt": template.render(document_input(row["title"], row["text"]), max_n)}
 
     def parse(row: dict) -> dict:
-        phrases, parse_error = parse_phrases(row.get("raw_output"), max_words=max_n) if not row.get("error") else ([], None)
+        failed = bool(row.get("error"))
+        phrases, parse_error = ([], None) if failed else parse_phrases(row.get("raw_output"), max_words=max_n)
         return {"doc_id": row["doc_id"], "content_hash": row["content_hash"], "model": model,
                 "prompt_version": prompt_version, "backend": backend_name, "phrases": phrases,
                 "raw_output": row.get("raw_output"), "input_tokens": int(row.get("input_tokens") or 0),
@@ -113,4 +113,3 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
                  configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    time.sleep(0)  # keep the import of time meaningful for callers timing init

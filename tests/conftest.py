@@ -56,7 +56,8 @@ def tiny_beir(tmp_path_factory) -> Path:
 def spark():
     from pipelines.spark_session import get_spark
 
-    session = get_spark("local[2]", app_name="sira-tests", conf={"spark.driver.memory": "2g"})
+    session = get_spark("local[2]", app_name="sira-tests",
+                        conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
 

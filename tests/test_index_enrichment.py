@@ -89,3 +89,16 @@ def test_enriched_index_finds_documents_by_their_new_vocabulary(enriched_warehou
     assert "d02" not in {h.doc_id for h in plain.search("antiplatelet", k=5)}
     assert [h.doc_id for h in enriched.search("antiplatelet", k=5)] == ["d02"]
     assert {h.doc_id for h in enriched.search("hyperglycemia", k=5)} == {"d04"}
+
+
+def test_eval_doc_variant_uses_the_enriched_index(enriched_warehouse, tiny_beir):
+    from jobs import eval as eval_job
+
+    doc = eval_job.run(eval_job.EvalConfig(dataset=str(tiny_beir), warehouse=enriched_warehouse, variant="doc",
+                                           tau=0.25, shards=2))
+    plain = eval_job.run(eval_job.EvalConfig(dataset=str(tiny_beir), warehouse=enriched_warehouse, variant="bm25",
+                                             shards=2))
+    assert doc["index_version"] == find_index(enriched_warehouse, enriched=True)["index_version"]
+    assert plain["index_version"] == find_index(enriched_warehouse, enriched=False)["index_version"]
+    assert (doc["variant"], plain["variant"]) == ("doc", "bm25")
+    assert set(doc["metrics"]) == {"ndcg@10", "recall@10", "recall@100"}
