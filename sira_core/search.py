@@ -78,8 +78,14 @@ class Searcher:
         k: int = 10,
         exclude_doc_ids: Iterable[str] = (),
         explain: bool = False,
+        must_terms: Sequence[str] = (),
+        exclude_terms: Sequence[str] = (),
     ) -> list[Hit]:
-        return self.search_many([query], k, [exclude_doc_ids], explain)[0]
+        return self.search_many([query], k, [exclude_doc_ids], explain, [(must_terms, exclude_terms)])[0]
+
+    def run_program(self, program, k: int = 10, exclude_doc_ids: Iterable[str] = (), explain: bool = False) -> list[Hit]:
+        """One call of the searcher for a RetrievalProgram (sira_core.program)."""
+        return self.search(program.parts(), k, exclude_doc_ids, explain, program.must, program.exclude)
 
     def search_many(
         self,
@@ -87,27 +93,40 @@ class Searcher:
         k: int = 10,
         exclude_doc_ids: Sequence[Iterable[str]] | None = None,
         explain: bool = False,
+        constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
     ) -> list[list[Hit]]:
-        """Rank a batch of queries; each shard scores the whole batch in one compiled call."""
+        """Rank a batch of queries; each shard scores the unconstrained ones in one compiled call.
+        `constraints[i]` = (must terms, exclude terms): index terms a hit must / must not hold."""
         compiled = [compile_query([self.parts_for_text(q)] if isinstance(q, str) else list(q)) for q in queries]
         excluded = [set(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else [set()] * len(queries)
+        constraints = constraints or [((), ())] * len(queries)
         depth = k + max((len(e) for e in excluded), default=0)
-        per_shard = [(shard, *shard.top_k_many(compiled, depth)) for shard in self.shards]
-        results = []
-        for qi, wq in enumerate(compiled):
-            candidates = [
-                zip((-s for s in scores[qi, : counts[qi]].tolist()), shard.doc_ids[ords[qi, : counts[qi]]].tolist(),
-                    itertools.repeat(shard), ords[qi, : counts[qi]].tolist())
-                for shard, ords, scores, counts in per_shard
-            ]
-            merged = candidates[0] if len(candidates) == 1 else heapq.merge(*candidates)
-            hits: list[Hit] = []
-            for neg_score, doc_id, shard, ord_ in merged:
-                if doc_id in excluded[qi]:
-                    continue
-                hits.append(Hit(doc_id, -neg_score, shard.shard, ord_,
-                                shard.contributions(ord_, wq) if explain else None))
-                if len(hits) == k:
-                    break
-            results.append(hits)
-        return results
+        free = [i for i, (m, x) in enumerate(constraints) if not m and not x]
+        per_query: dict[int, list] = {i: [] for i in range(len(queries))}
+        for shard in self.shards:
+            if free:
+                ords, scores, counts = shard.top_k_many([compiled[i] for i in free], depth)
+                for row, i in enumerate(free):
+                    per_query[i].append((shard, ords[row, : counts[row]], scores[row, : counts[row]]))
+            for i, (must, exclude) in enumerate(constraints):
+                if must or exclude:
+                    mask = shard.constraint_mask([term_id(t) for t in must], [term_id(t) for t in exclude])
+                    ords, scores, counts = shard.top_k_many([compiled[i]], depth, allowed=mask)
+                    per_query[i].append((shard, ords[0, : counts[0]], scores[0, : counts[0]]))
+        return [self._merge(per_query[i], compiled[i], excluded[i], k, explain) for i in range(len(queries))]
+
+    @staticmethod
+    def _merge(per_shard, wq: WeightedQuery, excluded: set, k: int, explain: bool) -> list[Hit]:
+        candidates = [
+            zip((-s for s in scores.tolist()), shard.doc_ids[ords].tolist(), itertools.repeat(shard), ords.tolist())
+            for shard, ords, scores in per_shard
+        ]
+        merged = candidates[0] if len(candidates) == 1 else heapq.merge(*candidates)
+        hits: list[Hit] = []
+        for neg_score, doc_id, shard, ord_ in merged:
+            if doc_id in excluded:
+                continue
+            hits.append(Hit(doc_id, -neg_score, shard.shard, ord_, shard.contributions(ord_, wq) if explain else None))
+            if len(hits) == k:
+                break
+        return hits

@@ -68,3 +68,17 @@ def test_errors_are_one_clear_line_and_exit_code_2(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "no published index" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_search_constraints_and_program_files(tmp_path, tiny_beir, spark):
+    wh = tmp_path / "wh"
+    invoke("ingest", tiny_beir, "--warehouse", wh)
+    invoke("index", "--warehouse", wh, "--preset", "sira", "--shards", 2)
+    out = json.loads(invoke("search", "blood", "-w", wh, "-k", 12, "--json", "--exclude", "pressure").stdout)
+    assert out["program"]["exclude"] == ["pressur"] and {"d06", "d08"}.isdisjoint(h["doc_id"] for h in out["hits"])
+    must = json.loads(invoke("search", "blood", "-w", wh, "--json", "--must", "glucose").stdout)
+    assert {h["doc_id"] for h in must["hits"]} == {"d05", "d12"}
+    program_file = tmp_path / "program.json"
+    program_file.write_text(json.dumps(must["program"]))
+    again = json.loads(invoke("search", "-w", wh, "--json", "--program", program_file).stdout)
+    assert again["hits"] == must["hits"]

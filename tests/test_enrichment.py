@@ -1,11 +1,11 @@
 """Corpus-side SIRA logic with worked examples: prompts, the output parser, the DF filter."""
 
+import numpy as np
 import pytest
 
 from sira_core.analysis import Analyzer, AnalyzerConfig
-from sira_core.enrichment import (
-    TASKS, contains_sequence, corpus_side_filter, document_input, load_template, parse_phrases, task_for_dataset,
-)
+from sira_core.dfstats import contains_sequence, corpus_side_filter
+from sira_core.enrichment import TASKS, document_input, load_template, parse_phrases, task_for_dataset
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -80,3 +80,20 @@ def test_corpus_side_filter_worked_example():
     # Kept phrases inject every n-gram inside the phrase, never across phrases.
     assert decisions[0].terms == ("heart", "attack", "heart attack")
     assert decisions[2].terms == ("myocardial", "infarction", "myocardial infarction")
+
+
+def test_query_side_filter_worked_example():
+    # |C| = 20, tau = 0.1: keep a phrase when any sub-n-gram has 0 < DF <= 2 in the enriched index.
+    from sira_core.dfstats import DFTable, query_side_filter
+    from sira_core.hashing import term_id
+
+    analyzer = Analyzer(AnalyzerConfig(stemmer="none", stopwords="nltk127", max_n=2))
+    df = {"heart": 5, "attack": 3, "heart attack": 1, "blood": 10, "pressure": 4, "blood pressure": 3}
+    table = DFTable(np.array([term_id(t) for t in df]), np.array(list(df.values())), num_docs=20)
+    assert table.lookup(["heart attack", "nope"]) == {"heart attack": 1}
+    decisions = query_side_filter(["heart attack", "blood pressure", "zebrafish", "the of"], analyzer, table.lookup,
+                                  num_docs=20, tau=0.1)
+    assert [(d.phrase, d.kept, d.reason) for d in decisions] == [
+        ("heart attack", True, "kept"), ("blood pressure", False, "too common"),
+        ("zebrafish", False, "unseen"), ("the of", False, "no terms")]
+    assert decisions[0].dfs == (5, 3, 1)

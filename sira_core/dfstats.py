@@ -1,0 +1,115 @@
+"""Document-frequency statistics and the two SIRA DF filters.
+
+Corpus side: a proposed phrase enters a document unless it is already there or its rarest sub-n-gram is too
+common in the ORIGINAL corpus (min DF > tau*|C|); phrases unseen in the corpus are kept.
+Query side: an expansion phrase is kept when any of its sub-n-grams exists in the enriched index and is
+rare enough to discriminate (0 < DF <= tau*|C|).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from sira_core.analysis import Analyzer
+from sira_core.hashing import term_id
+
+
+@dataclass(frozen=True)
+class PhraseDecision:
+    phrase: str
+    kept: bool
+    reason: str  # kept | in document | too common | no terms
+    min_df: int | None
+    terms: tuple[str, ...]
+
+
+def contains_sequence(tokens: Sequence[str], sub: Sequence[str]) -> bool:
+    n = len(sub)
+    return n > 0 and any(list(tokens[i : i + n]) == list(sub) for i in range(len(tokens) - n + 1))
+
+
+def corpus_side_filter(
+    phrases: Sequence[str],
+    doc_tokens: Sequence[str],
+    analyzer: Analyzer,
+    df_lookup: Callable[[Sequence[str]], Mapping[str, int]],
+    num_docs: int,
+    tau: float,
+) -> list[PhraseDecision]:
+    """Decide each proposed phrase: dropped when already in the document (as a token sequence) or when the
+    smallest DF of its sub-n-grams in the ORIGINAL corpus exceeds tau*|C|; phrases unseen there are kept."""
+    limit = tau * num_docs
+    analysed = [(p, analyzer.tokens(p)) for p in phrases]
+    terms_of = {p: tuple(analyzer.terms(p)) for p, _ in analysed}
+    dfs = df_lookup(sorted({t for ts in terms_of.values() for t in ts}))
+    out = []
+    for phrase, tokens in analysed:
+        terms = terms_of[phrase]
+        if not terms:
+            out.append(PhraseDecision(phrase, False, "no terms", None, terms))
+            continue
+        if contains_sequence(doc_tokens, tokens):
+            out.append(PhraseDecision(phrase, False, "in document", None, terms))
+            continue
+        min_df = min(dfs.get(t, 0) for t in terms)
+        kept = min_df <= limit
+        out.append(PhraseDecision(phrase, kept, "kept" if kept else "too common", min_df, terms))
+    return out
+
+
+class DFTable:
+    """Term id -> DF as two sorted arrays (no per-term Python objects: vocabularies with bigrams are big)."""
+
+    def __init__(self, term_ids: np.ndarray, dfs: np.ndarray, num_docs: int):
+        order = np.argsort(term_ids, kind="stable")
+        self.term_ids = np.asarray(term_ids, dtype=np.int64)[order]
+        self.dfs = np.asarray(dfs, dtype=np.int64)[order]
+        self.num_docs = num_docs
+
+    def lookup(self, terms: Sequence[str]) -> dict[str, int]:
+        """DF of each term that the index holds (absent terms are left out: DF 0)."""
+        if not len(self.term_ids) or not terms:
+            return {}
+        ids = np.array([term_id(t) for t in terms], dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.term_ids, ids), len(self.term_ids) - 1)
+        hit = self.term_ids[pos] == ids
+        return {t: int(df) for t, df, h in zip(terms, self.dfs[pos], hit) if h}
+
+
+@dataclass(frozen=True)
+class ExpansionDecision:
+    phrase: str
+    kept: bool
+    reason: str  # kept | unseen | too common | no terms
+    terms: tuple[str, ...]
+    dfs: tuple[int, ...]
+
+
+def query_side_filter(
+    phrases: Sequence[str],
+    analyzer: Analyzer,
+    df_lookup: Callable[[Sequence[str]], Mapping[str, int]],
+    num_docs: int,
+    tau: float,
+) -> list[ExpansionDecision]:
+    """Keep a phrase when ANY of its sub-n-grams has 0 < DF <= tau*|C| in the (enriched) index."""
+    limit = tau * num_docs
+    terms_of = {p: tuple(analyzer.terms(p)) for p in phrases}
+    dfs = df_lookup(sorted({t for ts in terms_of.values() for t in ts}))
+    out = []
+    for phrase in phrases:
+        terms = terms_of[phrase]
+        term_dfs = tuple(dfs.get(t, 0) for t in terms)
+        if not terms:
+            reason = "no terms"
+        elif any(0 < df <= limit for df in term_dfs):
+            reason = "kept"
+        elif not any(term_dfs):
+            reason = "unseen"
+        else:
+            reason = "too common"
+        out.append(ExpansionDecision(phrase, reason == "kept", reason, terms, term_dfs))
+    return out
