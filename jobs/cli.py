@@ -160,8 +160,13 @@ def eval_(
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     split: str = typer.Option("test"),
-    variant: str = typer.Option("bm25", help="bm25 (plain index) | doc (corpus-side enrichment)"),
+    variant: str = typer.Option("bm25", help="bm25 | doc (corpus side) | query (query side) | sira (both)"),
     tau: float = typer.Option(0.05),
+    w: float = typer.Option(0.5, help="weight of the expansion part"),
+    task: Optional[str] = typer.Option(None, help="prompt task (default: from the dataset name)"),
+    backend: str = typer.Option("local", help="query-side proposer: local | openai | vllm"),
+    model: Optional[str] = typer.Option(None, help="query-side model"),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     shards: int = typer.Option(4),
     spark_master: str = typer.Option("local[*]", "--spark-master"),
@@ -169,8 +174,10 @@ def eval_(
 ):
     """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
     from jobs import eval as job
+    from pipelines.llm_backends import BackendConfig
 
-    summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau,
+    summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau, w=w, task=task,
+                                     backend=BackendConfig(backend=backend, model=model, base_url=base_url),
                                      warehouse=warehouse, shards=shards, spark_master=spark_master))
     table = Table(title=f"{summary['dataset']} / {summary['split']} / {summary['preset']} / {summary['variant']} "
                         f"({summary['num_queries']} queries)")

@@ -1,4 +1,5 @@
-"""The Ray Data enrichment dataflow: docs to enrich -> prompt -> LLM backend -> parse -> `enrichment` (Delta).
+"""The Ray Data proposal dataflow: rows -> prompt -> LLM backend -> parse -> a Delta proposals table
+(`enrichment` for documents, `expansions` for queries).
 
 Results are committed every `commit_every` rows with a Delta MERGE on the enrichment key, so a job killed
 at any point keeps what it committed, and a rerun neither redoes nor duplicates it.
@@ -33,14 +34,16 @@ def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors
     return todo.sort_by("doc_id"), docs.num_rows - todo.num_rows
 
 
-def commit(warehouse: str, rows: pa.Table) -> None:
-    """Upsert one chunk: new keys are inserted; an errored row is replaced by its retry."""
-    uri = tables.table_uri(warehouse, tables.ENRICHMENT)
-    rows = rows.select(tables.ENRICHMENT_SCHEMA.names).cast(tables.ENRICHMENT_SCHEMA)
+def commit(warehouse: str, rows: pa.Table, table: str = tables.ENRICHMENT) -> None:
+    """Upsert one chunk into a proposals table (enrichment or expansions): new keys are inserted; an errored
+    row is replaced by its retry."""
+    schema, key = PROPOSAL_TABLES[table]
+    uri = tables.table_uri(warehouse, table)
+    rows = rows.select(schema.names).cast(schema)
     if not table_exists(uri):
         write_deltalake(uri, rows, mode="append")
         return
-    predicate = " AND ".join(f"t.{k} = s.{k}" for k in tables.ENRICHMENT_KEY)
+    predicate = " AND ".join(f"t.{k} = s.{k}" for k in key)
     (
         DeltaTable(uri)
         .merge(rows, predicate=predicate, source_alias="s", target_alias="t")
@@ -48,6 +51,12 @@ def commit(warehouse: str, rows: pa.Table) -> None:
         .when_not_matched_insert_all()
         .execute()
     )
+
+
+PROPOSAL_TABLES = {
+    tables.ENRICHMENT: (tables.ENRICHMENT_SCHEMA, tables.ENRICHMENT_KEY),
+    tables.EXPANSIONS: (tables.EXPANSIONS_SCHEMA, tables.EXPANSIONS_KEY),
+}
 
 
 def enrich(
@@ -59,19 +68,37 @@ def enrich(
     commit_every: int = 256,
     on_progress: Callable[[int], None] = lambda n: None,
 ) -> dict:
-    """Run the dataflow over `todo` and commit results in chunks; returns counters."""
+    """Corpus side: propose phrases for each doc of `todo` and commit them to `enrichment`."""
+    return propose(warehouse, tables.ENRICHMENT, todo, ("doc_id", "content_hash"),
+                   lambda row: template.render(document_input(row["title"], row["text"]), max_n),
+                   template.version, backend, max_n, commit_every, on_progress)
+
+
+def propose(
+    warehouse: str,
+    table: str,
+    todo: pa.Table,
+    carry: tuple[str, ...],
+    render: Callable[[dict], str],
+    prompt_version: str,
+    backend: BackendConfig,
+    max_words: int,
+    commit_every: int = 256,
+    on_progress: Callable[[int], None] = lambda n: None,
+) -> dict:
+    """Run prompt -> LLM backend -> parse over `todo` with Ray Data and commit results in chunks to `table`
+    (its key is `carry` + model + prompt_version); returns counters."""
     import ray
 
-    model, prompt_version, backend_name = backend.model_id(), template.version, backend.backend
+    model, backend_name = backend.model_id(), backend.backend
 
     def make_prompt(row: dict) -> dict:
-        return {"doc_id": row["doc_id"], "content_hash": row["content_hash"],
-                "prompt": template.render(document_input(row["title"], row["text"]), max_n)}
+        return {**{c: row[c] for c in carry}, "prompt": render(row)}
 
     def parse(row: dict) -> dict:
         failed = bool(row.get("error"))
-        phrases, parse_error = ([], None) if failed else parse_phrases(row.get("raw_output"), max_words=max_n)
-        return {"doc_id": row["doc_id"], "content_hash": row["content_hash"], "model": model,
+        phrases, parse_error = ([], None) if failed else parse_phrases(row.get("raw_output"), max_words=max_words)
+        return {**{c: row[c] for c in carry}, "model": model,
                 "prompt_version": prompt_version, "backend": backend_name, "phrases": phrases,
                 "raw_output": row.get("raw_output"), "input_tokens": int(row.get("input_tokens") or 0),
                 "output_tokens": int(row.get("output_tokens") or 0),
@@ -87,7 +114,7 @@ def enrich(
     ds = ray.data.from_arrow(blocks).map(make_prompt, num_cpus=0.1)
     ds = build_stage(backend)(ds).map(parse, num_cpus=0.1)
     for chunk in _chunks(ds, commit_every):
-        commit(warehouse, chunk)
+        commit(warehouse, chunk, table)
         errors = chunk.num_rows - pc.sum(pc.is_null(chunk["error"]).cast(pa.int64())).as_py()
         counters["enriched"] += chunk.num_rows - errors
         counters["errors"] += errors

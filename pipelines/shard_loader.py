@@ -12,6 +12,7 @@ from pipelines.delta_io import read_table, table_exists
 from sira_core import tables
 from sira_core.analysis import Analyzer, AnalyzerConfig
 from sira_core.bm25 import CorpusStats, ShardIndex
+from sira_core.dfstats import DFTable
 from sira_core.search import Searcher
 
 
@@ -82,3 +83,11 @@ def load_searcher(
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
     analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
     return Searcher(loaded, stats, analyzer), manifest
+
+
+def load_df_table(warehouse: str, manifest: dict) -> DFTable:
+    """DF of every term of an index version, as the query-side filter sees it (DF in the indexed corpus,
+    enrichment included)."""
+    stats = read_table(tables.table_uri(warehouse, tables.TERM_STATS), manifest["term_stats_table_version"],
+                       [("index_version", "=", manifest["index_version"])], ["term_id", "df_enriched"])
+    return DFTable(stats.column("term_id").to_numpy(), stats.column("df_enriched").to_numpy(), manifest["num_docs"])

@@ -55,6 +55,14 @@ ENRICHMENT_SCHEMA = pa.schema(
 )
 ENRICHMENT_KEY = ("doc_id", "content_hash", "model", "prompt_version")
 
+# Written by query expansion, cached by query text: keyed by (query_hash, model, prompt_version).
+EXPANSIONS = "expansions"
+EXPANSIONS_SCHEMA = pa.schema(
+    [pa.field("query_hash", pa.string(), nullable=False), pa.field("query", pa.string(), nullable=False)]
+    + [f for f in ENRICHMENT_SCHEMA if f.name not in ("doc_id", "content_hash")]
+)
+EXPANSIONS_KEY = ("query_hash", "model", "prompt_version")
+
 # Written by the Spark index build; partitioned by (index_version[, shard]).
 TERM_STATS_COLUMNS = ("index_version", "term_id", "term", "df", "df_enriched", "cf")
 POSTINGS_COLUMNS = ("index_version", "shard", "term_id", "df", "doc_ords", "tfs")

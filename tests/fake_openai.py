@@ -30,12 +30,14 @@ import pytest
 MODES = ("ok", "http500", "flaky", "slow", "junk", "not_json", "poison")
 POISON_MARKER = "POISONPILL"
 DOCUMENT_HEADER = "Document:\n"
+QUERY_HEADER = "Query:\n"
 _WORD = re.compile(r"[a-z]+")
 
 
 def document_of(prompt: str) -> str:
-    """The document part of a SIRA doc prompt: everything after the last 'Document:' header."""
-    return prompt.rsplit(DOCUMENT_HEADER, 1)[-1]
+    """The document (or query) part of a SIRA prompt: everything after the last 'Document:' / 'Query:' header."""
+    header = DOCUMENT_HEADER if DOCUMENT_HEADER in prompt else QUERY_HEADER
+    return prompt.rsplit(header, 1)[-1]
 
 
 def keywords_for(document: str) -> list[str]:
@@ -59,6 +61,7 @@ class FakeOpenAI:
         self.mode = "ok"
         self.delay_s = 0.0
         self.slow_s = 3.0
+        self.answers: dict[str, list[str]] = {}  # document / query text -> the keywords to answer with
         self.requests: list[Request] = []
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -86,6 +89,7 @@ class FakeOpenAI:
             raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
         with self._lock:
             self.mode, self.delay_s = mode, delay_s
+            self.answers = {}
             self.requests.clear()
             self._seen.clear()
         return self
@@ -113,8 +117,9 @@ class FakeOpenAI:
             return 200, b"<html><body>Bad gateway, try later</body></html>"
         if mode == "slow":
             self._stopping.wait(self.slow_s)
+        keywords = self.answers.get(document.strip()) or keywords_for(document)
         content = ("Sure! Here are some keywords you might like: heart, attack." if mode == "junk"
-                   else json.dumps({"keywords": keywords_for(document)}))
+                   else json.dumps({"keywords": keywords}))
         completion = {
             "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": body.get("model"),
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
