@@ -47,11 +47,11 @@ SMOLLM2 = "smollm2-135m-instruct-q4_1"
 GEMMA3 = "gemma3-270m-q4_k_m"
 # name -> (model, prompt format, JSON-constrained decoding)
 CONFIGS = {
-    "smollm2/chat/json": (SMOLLM2, "chat", True),
-    "smollm2/chat/free": (SMOLLM2, "chat", False),
-    "smollm2/chat-fewshot/json": (SMOLLM2, "chat-fewshot", True),
-    "gemma3/completion/json": (GEMMA3, "completion", True),
     "gemma3/completion-fewshot/json": (GEMMA3, "completion-fewshot", True),
+    "smollm2/chat-fewshot/json": (SMOLLM2, "chat-fewshot", True),
+    "smollm2/chat/json": (SMOLLM2, "chat", True),
+    "gemma3/completion/json": (GEMMA3, "completion", True),
+    "smollm2/chat/free": (SMOLLM2, "chat", False),
 }
 SPLITS = {"scifact": "train", "nfcorpus": "dev"}
 METRICS = ("ndcg@10", "recall@100")
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--scifact-queries", type=int, default=8)
-    parser.add_argument("--nfcorpus-queries", type=int, default=6)
+    parser.add_argument("--nfcorpus-queries", type=int, default=4)
     parser.add_argument("--competitors", type=int, default=2, help="non-relevant top BM25 hits enriched per query")
     parser.add_argument("--max-relevant", type=int, default=4, help="sample queries with at most this many relevant docs")
     parser.add_argument("--seed", type=int, default=0)
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}/{d['split']}: {len(d['queries'])} queries, {len(d['subset'])} docs to enrich, "
                 f"baseline nDCG@10 {d['baseline']['ndcg@10']:.4f}")
 
-    results = {}
+    results: dict = {}
     for config in args.configs:
         model, prompt_format, structured = CONFIGS[config]
         log(f"{config}: loading {model}")
@@ -185,15 +185,24 @@ def main(argv: list[str] | None = None) -> int:
         results[config] = {"model": model, "prompt_format": prompt_format, "structured_output": structured,
                            **summarize(all_rows), "datasets": per_dataset}
         log(f"{config}: done, {results[config]['seconds_per_doc']:.1f} s/doc")
+        # Written after every config, so a run stopped early keeps what it measured.
+        write_report(args, argv, datasets, results, time.perf_counter() - started)
+    print_table(results, datasets, choose(results, datasets))
+    log(f"wrote {args.output_json} ({time.perf_counter() - started:.0f} s)")
+    return 0
 
-    # The pick: largest mean nDCG@10 gain over the datasets; then more kept phrases per document.
+
+def choose(results: dict, datasets: list[dict]) -> str:
+    """The pick: largest mean nDCG@10 gain over the datasets; then more kept phrases per document."""
     def rank_key(name: str):
         r = results[name]
         gains = [r["datasets"][d["name"]]["delta"]["ndcg@10"] for d in datasets]
         return (sum(gains) / len(gains), r["kept_per_doc"])
 
-    chosen = max(results, key=rank_key)
-    print_table(results, datasets, chosen)
+    return max(results, key=rank_key)
+
+
+def write_report(args, argv, datasets: list[dict], results: dict, seconds: float) -> None:
     report = {
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python bench/select_local_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -204,13 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         "datasets": {d["name"]: {"split": d["split"], "queries": sorted(d["queries"]), "docs": len(d["subset"]),
                                  "baseline": d["baseline"]} for d in datasets},
         "configs": results,
-        "chosen": chosen,
-        "seconds": time.perf_counter() - started,
+        "chosen": choose(results, datasets),
+        "seconds": seconds,
     }
     Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output_json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    log(f"wrote {args.output_json} ({report['seconds']:.0f} s)")
-    return 0
 
 
 def print_table(results: dict, datasets: list[dict], chosen: str) -> None:

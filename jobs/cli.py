@@ -155,6 +155,70 @@ def search(
     stdout.print(table) if hits else stdout.print("no hits")
 
 
+@app.command()
+def query(
+    warehouse: str = Warehouse,
+    queries: str = typer.Option(..., "--queries", help="queries.jsonl[.gz], a qid<TAB>text TSV or a Delta table"),
+    out: Path = typer.Option(..., "--out", help="TREC run file to write"),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="default: the run file's name"),
+    k: int = typer.Option(1000, "-k"),
+    expand: bool = typer.Option(True, "--expand/--no-expand", help="query-side expansion"),
+    backend: str = typer.Option("local", help="local | openai | vllm"),
+    model: Optional[str] = typer.Option(None),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url"),
+    task: str = typer.Option("generic"),
+    w: float = typer.Option(0.5),
+    tau: float = typer.Option(0.05),
+    index_version: Optional[int] = typer.Option(None, "--index-version"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run."""
+    from jobs import query as job
+    from pipelines.llm_backends import BackendConfig
+
+    summary = job.run(job.QueryConfig(warehouse=warehouse, queries=queries, out=out, run_id=run_id, k=k, expand=expand,
+                                      backend=BackendConfig(backend=backend, model=model, base_url=base_url),
+                                      task=task, w=w, tau=tau, index_version=index_version, ray_address=ray_address))
+    stdout.print(f"run {summary['run_id']}: scored {summary['scored']}, skipped {summary['skipped']} "
+                 f"-> {summary['run_file']}")
+    _write_json(summary, output_json)
+
+
+@app.command()
+def serve(
+    warehouse: str = Warehouse,
+    host: str = typer.Option("127.0.0.1", help="interface to bind (loopback unless told otherwise)"),
+    port: int = typer.Option(8080, help="0: any free port"),
+    index_version: Optional[int] = typer.Option(None, "--index-version", help="default: the newest published"),
+    preset: Optional[str] = typer.Option(None, help="newest index of this preset"),
+    api_token_env: Optional[str] = typer.Option(None, "--api-token-env",
+                                                help="env var holding the bearer token /search requires"),
+    max_query_chars: int = typer.Option(2000, "--max-query-chars"),
+    max_k: int = typer.Option(1000, "--max-k"),
+    max_concurrent: int = typer.Option(32, "--max-concurrent", help="searches in flight; more get 429"),
+    backend: Optional[str] = typer.Option(None, help="query-side proposer for expand: openai | local (default: none)"),
+    model: Optional[str] = typer.Option(None, help="query-side model"),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    timeout_s: float = typer.Option(10.0, "--timeout-s", help="openai: per-attempt timeout of an expansion"),
+    w: float = typer.Option(0.5, help="weight of the expansion part"),
+    tau: float = typer.Option(0.05, help="query-side DF filter"),
+    task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
+):
+    """Serve POST /search and GET /health over HTTP; shards are held by Ray actors, queried scatter-gather."""
+    from jobs import serve as job
+    from pipelines.llm_backends import BackendConfig
+
+    # Online: one retry and short backoff; a user is waiting (a failed expansion falls back to the plain query).
+    proposer = None if backend is None else BackendConfig(backend=backend, model=model, base_url=base_url,
+                                                          timeout_s=timeout_s, max_retries=1, retry_base_s=0.2)
+    job.run(job.ServeConfig(warehouse=warehouse, host=host, port=port, index_version=index_version, preset=preset,
+                            api_token_env=api_token_env, max_query_chars=max_query_chars, max_k=max_k,
+                            max_concurrent=max_concurrent, backend=proposer, w=w, tau=tau, task=task,
+                            ray_address=ray_address))
+
+
 @app.command("eval")
 def eval_(
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),

@@ -153,6 +153,10 @@ class LocalLLMActor:
     `prompt_format` overrides the model's registered format (for benchmarks)."""
 
     def __init__(self, config_json: str, prompt_format: PromptFormat | None = None):
+        # ggml's OpenMP threads spin at every barrier by default: on a CPU shared with Spark or the rest of the
+        # Ray dataflow, 2 threads then ran 100x slower than 1 (measured). Sleeping waits remove that collapse.
+        # libgomp reads this once, when llama.cpp's library loads, so it is set before the import.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from llama_cpp import Llama, LlamaGrammar
 
         self.cfg = BackendConfig.model_validate_json(config_json)

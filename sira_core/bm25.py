@@ -151,6 +151,25 @@ class ShardIndex:
                                   all_weights[found].astype(SCORE_DTYPE), k, self._scores, self._touched,
                                   _NO_MASK if allowed is None else allowed.astype(np.uint8, copy=False))
 
+    def top_k_constrained(
+        self, queries: Sequence[WeightedQuery], k: int,
+        constraints: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(ords, scores) per query. constraints[i] = (must term ids, exclude term ids): unconstrained queries
+        share one compiled call, constrained ones are scored one by one under their doc mask."""
+        constraints = constraints or [((), ())] * len(queries)
+        out: list = [None] * len(queries)
+        free = [i for i, (must, exclude) in enumerate(constraints) if not must and not exclude]
+        if free:
+            ords, scores, counts = self.top_k_many([queries[i] for i in free], k)
+            for row, i in enumerate(free):
+                out[i] = (ords[row, : counts[row]], scores[row, : counts[row]])
+        for i, (must, exclude) in enumerate(constraints):
+            if must or exclude:
+                ords, scores, counts = self.top_k_many([queries[i]], k, self.constraint_mask(must, exclude))
+                out[i] = (ords[0, : counts[0]], scores[0, : counts[0]])
+        return out
+
     def docs_with_term(self, term_id_: int) -> np.ndarray:
         """Doc ordinals holding a term (sorted)."""
         row = self.rows_of(np.array([term_id_], dtype=np.int64))[0]

@@ -101,18 +101,11 @@ class Searcher:
         excluded = [set(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else [set()] * len(queries)
         constraints = constraints or [((), ())] * len(queries)
         depth = k + max((len(e) for e in excluded), default=0)
-        free = [i for i, (m, x) in enumerate(constraints) if not m and not x]
+        ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints]
         per_query: dict[int, list] = {i: [] for i in range(len(queries))}
         for shard in self.shards:
-            if free:
-                ords, scores, counts = shard.top_k_many([compiled[i] for i in free], depth)
-                for row, i in enumerate(free):
-                    per_query[i].append((shard, ords[row, : counts[row]], scores[row, : counts[row]]))
-            for i, (must, exclude) in enumerate(constraints):
-                if must or exclude:
-                    mask = shard.constraint_mask([term_id(t) for t in must], [term_id(t) for t in exclude])
-                    ords, scores, counts = shard.top_k_many([compiled[i]], depth, allowed=mask)
-                    per_query[i].append((shard, ords[0, : counts[0]], scores[0, : counts[0]]))
+            for i, (ords, scores) in enumerate(shard.top_k_constrained(compiled, depth, ids)):
+                per_query[i].append((shard, ords, scores))
         return [self._merge(per_query[i], compiled[i], excluded[i], k, explain) for i in range(len(queries))]
 
     @staticmethod
@@ -130,3 +123,18 @@ class Searcher:
             if len(hits) == k:
                 break
         return hits
+
+
+def merge_ranked(ranked_lists: Sequence[tuple[Sequence[str], Sequence[float]]], k: int,
+                 excluded: Iterable[str] = ()) -> list[tuple[str, float]]:
+    """Merge per-shard rankings (each sorted by score desc, doc id asc) into the global top-k, exactly as
+    one shard holding every document would rank them."""
+    skip = set(excluded)
+    streams = [zip((-s for s in scores), doc_ids) for doc_ids, scores in ranked_lists]
+    out: list[tuple[str, float]] = []
+    for neg_score, doc_id in heapq.merge(*streams):
+        if doc_id not in skip:
+            out.append((doc_id, -neg_score))
+            if len(out) == k:
+                break
+    return out

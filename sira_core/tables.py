@@ -63,6 +63,22 @@ EXPANSIONS_SCHEMA = pa.schema(
 )
 EXPANSIONS_KEY = ("query_hash", "model", "prompt_version")
 
+# Written by `sira query`: one row per (run_id, qid), the retrieval program included.
+RUNS = "runs"
+RUNS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("qid", pa.string(), nullable=False),
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("program", pa.string(), nullable=False),  # RetrievalProgram JSON
+        pa.field("doc_ids", pa.list_(pa.string()), nullable=False),
+        pa.field("scores", pa.list_(pa.float32()), nullable=False),
+        pa.field("index_version", pa.int64(), nullable=False),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+RUNS_KEY = ("run_id", "qid")
+
 # Written by the Spark index build; partitioned by (index_version[, shard]).
 TERM_STATS_COLUMNS = ("index_version", "term_id", "term", "df", "df_enriched", "cf")
 POSTINGS_COLUMNS = ("index_version", "shard", "term_id", "df", "doc_ords", "tfs")

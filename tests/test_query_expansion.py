@@ -6,6 +6,7 @@ import json
 import pytest
 
 from jobs import eval as eval_job
+from jobs import index as index_job
 from jobs import ingest as ingest_job
 from pipelines.delta_io import read_table
 from pipelines.llm_backends import BackendConfig
@@ -21,6 +22,7 @@ def warehouse(tmp_path_factory, tiny_beir, spark):
     wh = str(tmp_path_factory.mktemp("expansion") / "tiny")
     ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))
     commit(wh, enrichment_rows(read_table(f"{wh}/docs"), {"d09": ["espresso"]}))
+    index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, enrichment=False), spark=spark)
     return wh
 
 
@@ -57,3 +59,33 @@ def test_sira_variant_validates_against_the_enriched_index(warehouse, tiny_beir,
     coffee = {e["phrase"]: e["reason"] for e in programs["cafe caffeine"]["expansions"]}
     assert coffee == {"espresso": "kept", "coffee": "kept"}
     assert set(summary["metrics"]) == {"ndcg@10", "recall@10", "recall@100"}
+
+
+def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_openai, tmp_path, spark):
+    from jobs import query as query_job
+    from pipelines.shard_loader import load_searcher
+
+    fake_openai.answers = {"heart attack risk": ["myocardial infarction"]}
+    backend = BackendConfig(backend="openai", model="fake-llm", base_url=fake_openai.base_url, timeout_s=5)
+    queries = tmp_path / "queries.tsv"
+    queries.write_text("q1\theart attack risk\nq3\tblood pressure\n", encoding="utf-8")
+    cfg = query_job.QueryConfig(warehouse=warehouse, queries=str(queries), out=tmp_path / "bulk.trec", k=5,
+                                backend=backend, tau=0.25, batch_size=1)
+    first = query_job.run(cfg)
+    assert (first["scored"], first["skipped"]) == (2, 0)
+    runs = {r["qid"]: r for r in read_table(f"{warehouse}/runs").to_pylist()}
+    program = json.loads(runs["q1"]["program"])
+    assert [(e["phrase"], e["kept"]) for e in program["expansions"]] == [("myocardial infarction", True)]
+    # Scatter-gather over shard actors ranks exactly like the in-process searcher running the same program.
+    from sira_core.program import RetrievalProgram
+    searcher, _ = load_searcher(warehouse, runs["q1"]["index_version"])
+    expected = searcher.run_program(RetrievalProgram.model_validate(program), k=5)
+    assert runs["q1"]["doc_ids"] == [h.doc_id for h in expected]
+    assert runs["q1"]["scores"] == pytest.approx([h.score for h in expected])
+
+    queries.write_text("q1\theart attack risk\nq3\tblood pressure\nq4\tcafe caffeine\n", encoding="utf-8")
+    second = query_job.run(cfg)
+    assert (second["scored"], second["skipped"]) == (1, 2)
+    assert sorted(r["qid"] for r in read_table(f"{warehouse}/runs").to_pylist()) == ["q1", "q3", "q4"]
+    trec = (tmp_path / "bulk.trec").read_text().splitlines()
+    assert {line.split()[0] for line in trec} == {"q1", "q3", "q4"} and trec[0].split()[1] == "Q0"

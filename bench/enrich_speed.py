@@ -1,0 +1,155 @@
+"""Enrichment speed of the `local` backend: the real `sira enrich` job against the bare llama.cpp runtime.
+
+    python bench/enrich_speed.py [--docs 40] [--model NAME] [--output-json bench/results/enrich_speed.json]
+
+The first `--docs` scifact documents are ingested into a temporary warehouse. Then, on the same prompts
+(the fact_check template, max_n 3, documents in doc-id order, as the job renders them):
+
+- raw: one `llama_cpp.Llama` in this process, a plain loop of the same model input (chat turns or completion
+  text of `pipelines.local_llm`), the same decoding (temperature, seed, max_tokens, JSON grammar), the same
+  context size and thread count; model load timed apart, not counted;
+- job: `jobs.enrich.run` with `--backend local`: a local Ray instance, Ray Data, the LocalLLMActor (model load
+  included), parsing and the Delta commits, i.e. everything a user waits for after `sira enrich` starts.
+
+Reported: documents/s and generated tokens/s of both, and job/raw for each (target: docs/s ratio >= 0.8).
+Both run with OMP_WAIT_POLICY=PASSIVE, as the actor sets it (see pipelines/local_llm.py). The machine may be
+shared: run it on a quiet one, or compare runs made together.
+
+Encoder proposer: the docs/s of the `encoder` backend (no generation) will be reported here beside the
+`local` backend once that backend exists; it is not measured yet.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before llama.cpp's OpenMP runtime loads
+
+import argparse
+import gzip
+import json
+import platform
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from jobs import enrich as enrich_job  # noqa: E402
+from jobs import ingest as ingest_job  # noqa: E402
+from pipelines.llm_backends import BackendConfig  # noqa: E402
+from pipelines.local_llm import N_CTX, chat_messages, completion_text, resolve_model  # noqa: E402
+from sira_core.datasets import resolve_beir  # noqa: E402
+from sira_core.enrichment import JSON_SCHEMA, document_input, load_template  # noqa: E402
+
+TASK = "fact_check"
+MAX_N = 3
+TARGET_RATIO = 0.8
+
+
+def first_docs(n: int) -> list[dict]:
+    docs = []
+    with gzip.open(resolve_beir("scifact", download=False) / "corpus.jsonl.gz", "rt", encoding="utf-8") as fh:
+        for line in fh:
+            docs.append(json.loads(line))
+            if len(docs) == n:
+                break
+    return docs
+
+
+def run_raw(prompts: list[str], backend: BackendConfig) -> dict:
+    from llama_cpp import Llama, LlamaGrammar
+
+    path, prompt_format = resolve_model(backend.model_id())
+    threads = os.cpu_count()
+    started = time.perf_counter()
+    llm = Llama(model_path=str(path), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads, seed=backend.seed,
+                verbose=False)
+    load_s = time.perf_counter() - started
+    prompt_format = prompt_format or ("chat" if llm.metadata.get("tokenizer.chat_template") else "completion")
+    fewshot = prompt_format.endswith("-fewshot")
+    grammar = LlamaGrammar.from_json_schema(json.dumps(JSON_SCHEMA), verbose=False) if backend.structured_output else None
+    sampling = {"temperature": backend.temperature, "max_tokens": backend.max_tokens, "seed": backend.seed,
+                "grammar": grammar}
+    output_tokens = input_tokens = 0
+    started = time.perf_counter()
+    for prompt in prompts:
+        if prompt_format.startswith("chat"):
+            out = llm.create_chat_completion(messages=chat_messages(prompt, fewshot), **sampling)
+        else:
+            out = llm.create_completion(completion_text(prompt, fewshot), stop=None if grammar else ["\n\n"],
+                                        **sampling)
+        output_tokens += out["usage"]["completion_tokens"]
+        input_tokens += out["usage"]["prompt_tokens"]
+    seconds = time.perf_counter() - started
+    return {"documents": len(prompts), "seconds": seconds, "model_load_seconds": load_s,
+            "input_tokens": input_tokens, "output_tokens": output_tokens, "prompt_format": prompt_format,
+            "docs_per_second": len(prompts) / seconds, "output_tokens_per_second": output_tokens / seconds}
+
+
+def run_job(warehouse: str, backend: BackendConfig) -> dict:
+    started = time.perf_counter()
+    summary = enrich_job.run(enrich_job.EnrichConfig(warehouse=warehouse, backend=backend, task=TASK))
+    wall = time.perf_counter() - started
+    return {**summary, "wall_seconds": wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=40)
+    parser.add_argument("--model", default=None, help="packaged model name or GGUF path (default: the local default)")
+    parser.add_argument("--output-json", default=str(REPO_ROOT / "bench/results/enrich_speed.json"))
+    args = parser.parse_args(argv)
+
+    backend = BackendConfig(backend="local", model=args.model)
+    docs = first_docs(args.docs)
+    template = load_template("doc", TASK)
+    # The job's order and rendering: documents sorted by doc id, `title. text` cut at 4,000 characters.
+    prompts = [template.render(document_input(d.get("title") or "", d.get("text") or ""), MAX_N)
+               for d in sorted(docs, key=lambda d: str(d["_id"]))]
+
+    with tempfile.TemporaryDirectory(prefix="sira-enrich-speed-") as tmp:
+        source = Path(tmp) / "corpus.jsonl"
+        source.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+        warehouse = str(Path(tmp) / "scifact")
+        ingest_job.run(ingest_job.IngestConfig(source=str(source), warehouse=warehouse))
+        print(f"raw llama.cpp loop over {len(prompts)} prompts ...", file=sys.stderr, flush=True)
+        raw = run_raw(prompts, backend)
+        print(f"sira enrich --backend local over {len(prompts)} documents ...", file=sys.stderr, flush=True)
+        job = run_job(warehouse, backend)
+
+    ratio_docs = job["docs_per_second"] / raw["docs_per_second"]
+    ratio_tokens = job["output_tokens_per_second"] / raw["output_tokens_per_second"]
+    print(f"{'':28} {'docs':>5} {'seconds':>8} {'docs/s':>7} {'out tokens':>10} {'out tok/s':>9}")
+    for name, r in (("raw llama.cpp loop", raw), ("sira enrich (local)", job)):
+        print(f"{name:28} {r['documents']:>5} {r['seconds']:>8.1f} {r['docs_per_second']:>7.3f} "
+              f"{r['output_tokens']:>10} {r['output_tokens_per_second']:>9.1f}")
+    print(f"job/raw: docs/s {ratio_docs:.2f}, output tokens/s {ratio_tokens:.2f} (target docs/s >= {TARGET_RATIO}); "
+          f"job errors {job['errors']}, raw model load {raw['model_load_seconds']:.1f} s (not counted)")
+
+    report = {
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python bench/enrich_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average": os.getloadavg(), "llama_cpp_python": metadata.version("llama-cpp-python")},
+        "model": backend.model_id(),
+        "task": TASK,
+        "decoding": backend.model_dump(include={"temperature", "seed", "max_tokens", "structured_output"}),
+        "raw": raw,
+        "job": job,
+        "ratio_docs_per_second": ratio_docs,
+        "ratio_output_tokens_per_second": ratio_tokens,
+        "target_ratio": TARGET_RATIO,
+    }
+    Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output_json).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {args.output_json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

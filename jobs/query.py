@@ -1,0 +1,141 @@
+"""`sira query`: bulk scoring. Queries are expanded in batches through the configured LLM backend (Ray Data,
+cached in `expansions`), DF-validated into retrieval programs, scored scatter-gather against shard actors,
+and written to the Delta `runs` table (programs included) and a TREC run file. Incremental and resumable:
+a rerun with the same run id scores only the queries that are not in `runs` yet."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.progress import console, progress_bar
+from pipelines.delta_io import read_table, table_exists
+from pipelines.llm_backends import BackendConfig
+from sira_core import tables
+from sira_core.datasets import iter_lines
+from sira_core.metrics import write_trec_run
+
+
+class QueryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    warehouse: str
+    queries: str = Field(description="queries.jsonl[.gz] ({_id, text}), a TSV (qid<TAB>text) or a Delta table (qid, query)")
+    out: Path = Field(description="TREC run file to write")
+    run_id: str | None = Field(None, description="default: the run file's name without extension")
+    k: int = Field(1000, ge=1, le=10_000)
+    expand: bool = True
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    task: str = "generic"
+    w: float = Field(0.5, ge=0)
+    tau: float = Field(0.05, gt=0, le=1)
+    index_version: int | None = None
+    preset: str | None = None
+    batch_size: int = Field(256, gt=0, description="queries per scoring round and per runs-table commit")
+    ray_address: str | None = None
+
+
+def read_queries(spec: str) -> dict[str, str]:
+    path = Path(spec)
+    if path.is_dir() and DeltaTable.is_deltatable(spec):
+        t = read_table(spec, columns=["qid", "query"])
+        return dict(zip(t["qid"].to_pylist(), t["query"].to_pylist()))
+    if not path.exists():
+        raise FileNotFoundError(f"queries {spec!r} not found (expected .jsonl[.gz], .tsv or a Delta table)")
+    out: dict[str, str] = {}
+    for n, line in iter_lines(path):
+        text = line.decode("utf-8")
+        if path.name.endswith((".tsv", ".tsv.gz")):
+            qid, sep, query = text.partition("\t")
+            if not sep:
+                raise ValueError(f"{path}:{n}: expected qid<TAB>text")
+        else:
+            obj = json.loads(text)
+            qid, query = str(obj.get("_id", obj.get("qid", ""))), obj.get("text", obj.get("query", ""))
+        if not qid or not query.strip():
+            raise ValueError(f"{path}:{n}: query without id or text")
+        out[qid] = query
+    return out
+
+
+def run(cfg: QueryConfig) -> dict:
+    import ray
+
+    from pipelines.query_expansion import expand_queries
+    from pipelines.ray_enrich import init_ray
+    from pipelines.shard_actors import start_shard_actors
+    from pipelines.shard_loader import find_index, load_df_table
+    from sira_core.analysis import Analyzer, AnalyzerConfig
+    from sira_core.dfstats import query_side_filter
+    from sira_core.program import RetrievalProgram
+    from sira_core.search import compile_query, merge_ranked
+
+    run_id = cfg.run_id or cfg.out.name.split(".")[0]
+    queries = read_queries(cfg.queries)
+    manifest = find_index(cfg.warehouse, cfg.index_version, cfg.preset)
+    runs_uri = tables.table_uri(cfg.warehouse, tables.RUNS)
+    done: set[str] = set()
+    if table_exists(runs_uri):
+        t = read_table(runs_uri, columns=["run_id", "qid"])
+        done = set(t.filter(pc.equal(t["run_id"], run_id))["qid"].to_pylist())
+    todo = {q: text for q, text in queries.items() if q not in done}
+    console.log(f"query run {run_id!r}: {len(todo)} queries to score, {len(done)} already in runs "
+                f"(index v{manifest['index_version']}, expansion {'on' if cfg.expand else 'off'})")
+    started = time.perf_counter()
+    analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
+    expansion = None
+    if todo:
+        init_ray(cfg.ray_address)
+        phrases: dict[str, list[str]] = {q: [] for q in todo}
+        if cfg.expand:
+            with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
+                phrases, expansion = expand_queries(cfg.warehouse, todo, cfg.task, cfg.backend, cfg.ray_address,
+                                                    on_progress=advance)
+        df_table = load_df_table(cfg.warehouse, manifest)
+        actors = start_shard_actors(cfg.warehouse, manifest)
+        qids = sorted(todo)
+        with progress_bar("score queries", total=len(qids), unit="queries") as advance:
+            for start in range(0, len(qids), cfg.batch_size):
+                batch = qids[start : start + cfg.batch_size]
+                programs = [RetrievalProgram.build(
+                    todo[q], analyzer,
+                    query_side_filter(phrases[q], analyzer, df_table.lookup, manifest["num_docs"], cfg.tau),
+                    w=cfg.w, proposer=(expansion or {}).get("model", ""), index_version=manifest["index_version"],
+                    prompt_version=(expansion or {}).get("prompt_version")) for q in batch]
+                compiled = [compile_query(p.parts()) for p in programs]
+                constraints = [(p.must, p.exclude) for p in programs]
+                per_shard = ray.get([a.top_k.remote(compiled, cfg.k, constraints) for a in actors])
+                ranked = [merge_ranked([shard[i] for shard in per_shard], cfg.k) for i in range(len(batch))]
+                _commit_runs(runs_uri, run_id, batch, todo, programs, ranked, manifest["index_version"])
+                advance(len(batch))
+    rows = read_table(runs_uri, columns=["run_id", "qid", "doc_ids", "scores"]) if table_exists(runs_uri) else \
+        pa.Table.from_pylist([], schema=tables.RUNS_SCHEMA)
+    rows = rows.filter(pc.equal(rows["run_id"], run_id))
+    run_hits = {q: dict(zip(ids, scores)) for q, ids, scores in
+                zip(rows["qid"].to_pylist(), rows["doc_ids"].to_pylist(), rows["scores"].to_pylist())}
+    write_trec_run({q: run_hits[q] for q in sorted(run_hits)}, cfg.out, f"sira-{run_id}")
+    return {"run_id": run_id, "queries": len(queries), "scored": len(todo), "skipped": len(done),
+            "index_version": manifest["index_version"], "run_file": str(cfg.out), "expansion": expansion,
+            "seconds": time.perf_counter() - started}
+
+
+def _commit_runs(uri, run_id, qids, texts, programs, ranked, index_version) -> None:
+    now = datetime.now(timezone.utc)
+    rows = pa.Table.from_pylist([
+        {"run_id": run_id, "qid": q, "query": texts[q], "program": p.model_dump_json(),
+         "doc_ids": [d for d, _ in hits], "scores": [s for _, s in hits], "index_version": index_version,
+         "created_at": now}
+        for q, p, hits in zip(qids, programs, ranked)], schema=tables.RUNS_SCHEMA)
+    if not table_exists(uri):
+        write_deltalake(uri, rows, mode="append")
+        return
+    predicate = " AND ".join(f"t.{k} = s.{k}" for k in tables.RUNS_KEY)
+    DeltaTable(uri).merge(rows, predicate=predicate, source_alias="s", target_alias="t") \
+        .when_not_matched_insert_all().execute()

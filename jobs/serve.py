@@ -1,0 +1,69 @@
+"""`sira serve`: the online search API (pipelines/serve.py) over one published index version."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.progress import console
+from pipelines.llm_backends import BackendConfig
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    warehouse: str
+    host: str = Field("127.0.0.1", description="interface to bind; loopback unless told otherwise")
+    port: int = Field(8080, ge=0, le=65535, description="0: any free port")
+    index_version: int | None = None
+    preset: str | None = None
+    api_token_env: str | None = Field(None, description="environment variable holding the bearer token; "
+                                                        "None: no authentication")
+    max_query_chars: int = Field(2000, ge=1)
+    max_k: int = Field(1000, ge=1, le=100_000)
+    max_concurrent: int = Field(32, ge=1, description="searches in flight; more are answered 429")
+    backend: BackendConfig | None = Field(None, description="query-side proposer for `expand`; None: no expansion")
+    w: float = Field(0.5, ge=0, description="weight of the expansion part")
+    tau: float = Field(0.05, gt=0, le=1, description="query-side DF filter")
+    task: str | None = Field(None, description="prompt task; default: from the warehouse folder's name "
+                                               "(warehouses/<dataset>, as `sira eval` lays them out)")
+    ray_address: str | None = None
+
+    def api_token(self) -> str | None:
+        if self.api_token_env is None:
+            return None
+        token = os.environ.get(self.api_token_env, "").strip()
+        if not token:
+            raise ValueError(f"--api-token-env {self.api_token_env}: that environment variable is not set or empty")
+        return token
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def run(cfg: ServeConfig) -> None:
+    from pipelines.serve import Limits, SearchService, build_app, serve_forever
+    from sira_core.enrichment import task_for_dataset
+
+    limits = Limits(cfg.max_query_chars, cfg.max_k, cfg.max_concurrent, cfg.api_token())
+    task = cfg.task or task_for_dataset(PurePosixPath(cfg.warehouse.rstrip("/")).name)
+    service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task, cfg.w, cfg.tau,
+                                  cfg.ray_address)
+    m = service.manifest
+    if limits.api_token is None and not _is_loopback(cfg.host):
+        console.log(f"[yellow]warning:[/yellow] binding {cfg.host} without --api-token-env: anyone who reaches "
+                    "this port can search")
+    expansion = f"expansion {service.proposer.model} ({task})" if service.proposer else "no expansion backend"
+    try:
+        serve_forever(build_app(service, limits), cfg.host, cfg.port, on_ready=lambda url: console.log(
+            f"serving index v{m['index_version']} ({m['preset']}, {m['num_docs']} docs, {m['num_shards']} shards, "
+            f"{expansion}) on {url}"))
+    finally:
+        service.stop_actors()

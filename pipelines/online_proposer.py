@@ -1,0 +1,97 @@
+"""The query-side proposer of the online path (`sira serve`): one query in, expansion phrases out.
+
+It looks in the Delta `expansions` cache first (the rows `sira query` / `sira eval` wrote for the same model
+and prompt version, read once when the server starts), and on a miss asks the backend:
+
+- `openai`: one chat-completions request through ErrorTolerantSession (its timeouts, retries and backoff);
+- `local`:  an in-process LocalLLMActor, loaded once, on one worker thread (llama.cpp serves one prompt at a
+  time) so the event loop keeps answering other requests while it generates.
+
+Online answers are not written back to Delta: a request must not wait on a table commit, and several servers
+would race on the MERGE. The bulk jobs fill the cache; the server only reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from pipelines.llm_backends import BackendConfig, ErrorTolerantSession, chat_messages, openai_postprocess
+from pipelines.query_expansion import QUERY_MAX_N, cached_expansions, query_hash
+from sira_core.enrichment import JSON_SCHEMA, load_template, parse_phrases
+
+ONLINE_BACKENDS = ("openai", "local")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    phrases: list[str]
+    source: str  # cache | backend
+    error: str | None = None  # the backend failed or its output was unusable: no phrases
+
+
+class OnlineProposer:
+    """Call start() inside the serving event loop before the first propose(), close() when done."""
+
+    def __init__(self, warehouse: str, backend: BackendConfig, task: str):
+        if backend.backend not in ONLINE_BACKENDS:
+            raise ValueError(f"online expansion needs backend openai or local, not {backend.backend!r} "
+                             "(vllm runs as a batch dataflow: use it through `sira query`)")
+        self.backend = backend
+        self.template = load_template("query", task)
+        self.model = backend.model_id()
+        self.prompt_version = self.template.version
+        self.cache = cached_expansions(warehouse, self.model, self.prompt_version)
+        self._session: ErrorTolerantSession | None = None
+        self._llm = None
+        self._worker: ThreadPoolExecutor | None = None
+
+    async def start(self) -> None:
+        if self.backend.backend == "openai":
+            cfg = self.backend
+            self._session = await ErrorTolerantSession(cfg.timeout_s, cfg.max_retries, cfg.retry_base_s).__aenter__()
+        else:
+            from pipelines.local_llm import LocalLLMActor
+
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sira-local-llm")
+            self._llm = await asyncio.get_running_loop().run_in_executor(
+                self._worker, LocalLLMActor, self.backend.model_dump_json())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.__aexit__(None, None, None)
+            self._session = None
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    async def propose(self, query: str) -> Proposal:
+        cached = self.cache.get(query_hash(query))
+        if cached is not None:
+            return Proposal(list(cached), "cache")
+        prompt = self.template.render(query, QUERY_MAX_N)
+        if self.backend.backend == "openai":
+            row = await self._ask_openai(prompt)
+        else:
+            row = await asyncio.get_running_loop().run_in_executor(self._worker, self._llm.generate, prompt)
+        if row.get("error"):
+            return Proposal([], "backend", row["error"])
+        phrases, error = parse_phrases(row.get("raw_output"), max_words=QUERY_MAX_N)
+        return Proposal(phrases, "backend", error)
+
+    async def _ask_openai(self, prompt: str) -> dict:
+        cfg = self.backend
+        # The same request the batch HTTP stage sends (llm_backends.openai_stage), for one prompt.
+        headers = {"Content-Type": "application/json"}
+        if os.environ.get(cfg.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
+        body = {"model": self.model, "temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
+                "messages": chat_messages(prompt)}
+        if cfg.structured_output:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "keywords", "schema": JSON_SCHEMA}}
+        response = await self._session.post(cfg.base_url.rstrip("/") + "/chat/completions", headers=headers,
+                                            data=json.dumps(body))
+        return openai_postprocess({"http_response": await response.json()})
