@@ -179,16 +179,21 @@ def openai_postprocess(row: dict) -> dict:
             "output_tokens": int(usage.get("completion_tokens") or 0), "latency_ms": latency, "error": None}
 
 
-def openai_stage(cfg: BackendConfig) -> Callable:
-    from ray.data.llm import HttpRequestProcessorConfig, build_processor
-
+def openai_request(cfg: BackendConfig) -> tuple[dict, dict]:
+    """Headers and the chat-completions body (without messages) every OpenAI-compatible call sends."""
     headers = {"Content-Type": "application/json"}
     if os.environ.get(cfg.api_key_env):
         headers["Authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
     body = {"model": cfg.model_id(), "temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": cfg.max_tokens}
     if cfg.structured_output:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "keywords", "schema": JSON_SCHEMA}}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "keywords", "schema": JSON_SCHEMA}}
+    return headers, body
+
+
+def openai_stage(cfg: BackendConfig) -> Callable:
+    from ray.data.llm import HttpRequestProcessorConfig, build_processor
+
+    headers, body = openai_request(cfg)
     timeout_s, retries, base = cfg.timeout_s, cfg.max_retries, cfg.retry_base_s
     processor = build_processor(
         HttpRequestProcessorConfig(

@@ -29,8 +29,8 @@ from sira_core.enrichment import JSON_SCHEMA
 
 PromptFormat = Literal["chat", "chat-fewshot", "completion", "completion-fewshot"]
 
-# Room for a 4,000-character document (about 1,300 tokens of scientific text), the instructions, the one-example
-# prefix of the `fewshot` format and max_tokens of output.
+# Room for a 4,000-character document (about 1,300 tokens of scientific text), the instructions, the worked
+# examples of the `-fewshot` formats (about 300 tokens) and max_tokens of output.
 N_CTX = 4096
 MODEL_CACHE_ENV = "SIRA_MODEL_CACHE"
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from pipelines.llm_backends import BackendConfig, ErrorTolerantSession, chat_messages, openai_postprocess
+from pipelines.llm_backends import (BackendConfig, ErrorTolerantSession, chat_messages, openai_postprocess,
+                                    openai_request)
 from pipelines.query_expansion import QUERY_MAX_N, cached_expansions, query_hash
-from sira_core.enrichment import JSON_SCHEMA, load_template, parse_phrases
+from sira_core.enrichment import load_template, parse_phrases
 
 ONLINE_BACKENDS = ("openai", "local")
 
@@ -84,14 +84,8 @@ class OnlineProposer:
 
     async def _ask_openai(self, prompt: str) -> dict:
         cfg = self.backend
-        # The same request the batch HTTP stage sends (llm_backends.openai_stage), for one prompt.
-        headers = {"Content-Type": "application/json"}
-        if os.environ.get(cfg.api_key_env):
-            headers["Authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
-        body = {"model": self.model, "temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
-                "messages": chat_messages(prompt)}
-        if cfg.structured_output:
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "keywords", "schema": JSON_SCHEMA}}
+        headers, body = openai_request(cfg)  # the same request the batch HTTP stage sends, for one prompt
+        body["messages"] = chat_messages(prompt)
         response = await self._session.post(cfg.base_url.rstrip("/") + "/chat/completions", headers=headers,
                                             data=json.dumps(body))
         return openai_postprocess({"http_response": await response.json()})

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import ray
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -99,8 +100,6 @@ class SearchService:
         return cls(manifest, actors, analyzer, proposer, df_table, w, tau)
 
     def stop_actors(self) -> None:
-        import ray
-
         for actor in self.actors:
             ray.kill(actor)
 
@@ -140,8 +139,6 @@ class SearchService:
         return out
 
     async def health(self) -> tuple[int, dict]:
-        import ray
-
         m = self.manifest
         body = {"index_version": m["index_version"], "num_docs": m["num_docs"], "shards": len(self.actors),
                 "preset": m["preset"], "enriched": bool(m["enriched"]), "in_flight": self.in_flight,
@@ -169,8 +166,6 @@ def error(status: int, message: str, headers: dict | None = None) -> web.Respons
 @web.middleware
 async def json_errors(request: web.Request, handler) -> web.StreamResponse:
     """Every error is JSON {"error": ...}; nothing a client sends ends in a traceback or a dead server."""
-    import ray
-
     try:
         return await handler(request)
     except web.HTTPException as exc:  # 404, 405, 413 raised by aiohttp itself

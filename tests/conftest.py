@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The fake OpenAI-compatible server and its fixtures (fake_openai, fake_openai_server).
+pytest_plugins = ["fake_openai"]
+
 TINY_DOCS = [
     {"_id": "d01", "title": "Heart attack", "text": "Myocardial infarction, commonly called a heart attack, damages the heart muscle."},
     {"_id": "d02", "title": "Aspirin", "text": "Aspirin reduces the risk of heart attack and stroke in some patients."},

@@ -16,7 +16,6 @@ import pytest
 
 from conftest import TINY_DOCS
 from fake_openai import POISON_MARKER, FakeOpenAI, document_of, keywords_for
-from fake_openai import fake_openai, fake_openai_server  # noqa: F401 (fixtures)
 from jobs import enrich as enrich_job
 from jobs import ingest as ingest_job
 from pipelines.delta_io import read_table, table_version

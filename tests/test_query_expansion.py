@@ -11,7 +11,6 @@ from jobs import ingest as ingest_job
 from pipelines.delta_io import read_table
 from pipelines.llm_backends import BackendConfig
 from pipelines.ray_enrich import commit
-from fake_openai import fake_openai, fake_openai_server  # noqa: F401 (fixtures)
 from test_index_enrichment import enrichment_rows
 
 pytestmark = pytest.mark.integration
@@ -65,10 +64,11 @@ def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_opena
     from jobs import query as query_job
     from pipelines.shard_loader import load_searcher
 
-    fake_openai.answers = {"heart attack risk": ["myocardial infarction"]}
+    # A query text of its own: expansions are cached by text, and other tests expand "heart attack risk".
+    fake_openai.answers = {"heart attack prevention": ["myocardial infarction"]}
     backend = BackendConfig(backend="openai", model="fake-llm", base_url=fake_openai.base_url, timeout_s=5)
     queries = tmp_path / "queries.tsv"
-    queries.write_text("q1\theart attack risk\nq3\tblood pressure\n", encoding="utf-8")
+    queries.write_text("q1\theart attack prevention\nq3\tblood pressure\n", encoding="utf-8")
     cfg = query_job.QueryConfig(warehouse=warehouse, queries=str(queries), out=tmp_path / "bulk.trec", k=5,
                                 backend=backend, tau=0.25, batch_size=1)
     first = query_job.run(cfg)
@@ -83,7 +83,7 @@ def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_opena
     assert runs["q1"]["doc_ids"] == [h.doc_id for h in expected]
     assert runs["q1"]["scores"] == pytest.approx([h.score for h in expected])
 
-    queries.write_text("q1\theart attack risk\nq3\tblood pressure\nq4\tcafe caffeine\n", encoding="utf-8")
+    queries.write_text("q1\theart attack prevention\nq3\tblood pressure\nq4\tcafe caffeine\n", encoding="utf-8")
     second = query_job.run(cfg)
     assert (second["scored"], second["skipped"]) == (1, 2)
     assert sorted(r["qid"] for r in read_table(f"{warehouse}/runs").to_pylist()) == ["q1", "q3", "q4"]
