@@ -112,6 +112,13 @@ def search(
     must: list[str] = typer.Option([], "--must", help="a term or phrase every hit must hold (repeatable)"),
     exclude: list[str] = typer.Option([], "--exclude", help="a term or phrase no hit may hold (repeatable)"),
     program_file: Optional[Path] = typer.Option(None, "--program", help="run a retrieval program (JSON file)"),
+    expand: bool = typer.Option(False, "--expand", help="add the LLM's expected-response sketch (DF-validated)"),
+    backend: str = typer.Option("local", help="--expand: local | openai"),
+    model: Optional[str] = typer.Option(None, help="--expand: model"),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="--expand, openai: endpoint"),
+    task: Optional[str] = typer.Option(None, help="--expand: prompt task (default: from the warehouse name)"),
+    w: float = typer.Option(0.5, help="--expand: weight of the expansion part"),
+    tau: float = typer.Option(0.05, help="--expand: query-side DF filter"),
     explain: bool = typer.Option(False, "--explain", help="show each hit's per-term contributions"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
@@ -128,8 +135,23 @@ def search(
         program = program.model_copy(update={"must": program.must + extra.must,
                                              "exclude": program.exclude + extra.exclude})
     else:
-        program = RetrievalProgram.build(text, searcher.analyzer, must=must, exclude=exclude,
-                                         index_version=manifest["index_version"])
+        decisions, proposer, prompt_version = (), "", None
+        if expand:
+            from pipelines.llm_backends import BackendConfig
+            from pipelines.online_proposer import propose_once
+            from pipelines.shard_loader import load_df_table
+            from sira_core.dfstats import query_side_filter
+            from sira_core.enrichment import task_for_dataset
+
+            cfg = BackendConfig(backend=backend, model=model, base_url=base_url)
+            proposal = propose_once(warehouse, cfg, task or task_for_dataset(Path(warehouse).name), text)
+            if proposal.error:
+                console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {proposal.error}")
+            decisions = query_side_filter(proposal.phrases, searcher.analyzer, load_df_table(warehouse, manifest).lookup,
+                                          manifest["num_docs"], tau)
+            proposer = cfg.model_id()
+        program = RetrievalProgram.build(text, searcher.analyzer, decisions, w=w, must=must, exclude=exclude,
+                                         proposer=proposer, index_version=manifest["index_version"])
     hits = searcher.run_program(program, k=k, explain=explain)
     if as_json:
         out = {

@@ -89,3 +89,17 @@ class OnlineProposer:
         response = await self._session.post(cfg.base_url.rstrip("/") + "/chat/completions", headers=headers,
                                             data=json.dumps(body))
         return openai_postprocess({"http_response": await response.json()})
+
+
+def propose_once(warehouse: str, backend: BackendConfig, task: str, query: str) -> Proposal:
+    """One expansion outside a server (`sira search --expand`): start, ask, close."""
+
+    async def ask() -> Proposal:
+        proposer = OnlineProposer(warehouse, backend, task)
+        await proposer.start()
+        try:
+            return await proposer.propose(query)
+        finally:
+            await proposer.close()
+
+    return asyncio.run(ask())

@@ -82,3 +82,15 @@ def test_search_constraints_and_program_files(tmp_path, tiny_beir, spark):
     program_file.write_text(json.dumps(must["program"]))
     again = json.loads(invoke("search", "-w", wh, "--json", "--program", program_file).stdout)
     assert again["hits"] == must["hits"]
+
+
+def test_search_expand_through_an_openai_compatible_server(tmp_path, tiny_beir, spark, fake_openai):
+    wh = tmp_path / "wh"
+    invoke("ingest", tiny_beir, "--warehouse", wh)
+    invoke("index", "--warehouse", wh, "--preset", "sira", "--shards", 2)
+    fake_openai.answers = {"cafe caffeine": ["coffee drinking", "zebrafish"]}
+    out = json.loads(invoke("search", "cafe caffeine", "-w", wh, "--json", "--expand", "--backend", "openai",
+                            "--model", "fake-llm", "--base-url", fake_openai.base_url, "--tau", "0.25").stdout)
+    expansions = {e["phrase"]: e["reason"] for e in out["program"]["expansions"]}
+    assert expansions == {"coffee drinking": "kept", "zebrafish": "unseen"}
+    assert out["program"]["w"] == 0.5 and out["hits"][0]["doc_id"] == "d09"
