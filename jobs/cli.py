@@ -135,7 +135,7 @@ def search(
         program = program.model_copy(update={"must": program.must + extra.must,
                                              "exclude": program.exclude + extra.exclude})
     else:
-        decisions, proposer, prompt_version = (), "", None
+        decisions, proposer = (), ""
         if expand:
             from pipelines.llm_backends import BackendConfig
             from pipelines.online_proposer import propose_once
