@@ -11,7 +11,9 @@ The first `--docs` scifact documents are ingested into a temporary warehouse. Th
 - job: `jobs.enrich.run` with `--backend local`: a local Ray instance, Ray Data, the LocalLLMActor (model load
   included), parsing and the Delta commits, i.e. everything a user waits for after `sira enrich` starts.
 
-Reported: documents/s and generated tokens/s of both, and job/raw for each (target: docs/s ratio >= 0.8).
+The raw loop runs before and after the job and the faster raw run is the reference, so load that drifts during
+a run counts against the job, not for it. Reported: documents/s and generated tokens/s of each run, and job/raw
+for each (target: docs/s ratio >= 0.8).
 Both run with OMP_WAIT_POLICY=PASSIVE, as the actor sets it (see pipelines/local_llm.py). The machine may be
 shared: run it on a quiet one, or compare runs made together.
 
@@ -118,17 +120,21 @@ def main(argv: list[str] | None = None) -> int:
         warehouse = str(Path(tmp) / "scifact")
         ingest_job.run(ingest_job.IngestConfig(source=str(source), warehouse=warehouse))
         print(f"raw llama.cpp loop over {len(prompts)} prompts ...", file=sys.stderr, flush=True)
-        raw = run_raw(prompts, backend)
+        raw_runs = [run_raw(prompts, backend)]
         print(f"sira enrich --backend local over {len(prompts)} documents ...", file=sys.stderr, flush=True)
         job = run_job(warehouse, backend)
+        print("raw llama.cpp loop again ...", file=sys.stderr, flush=True)
+        raw_runs.append(run_raw(prompts, backend))
+    raw = max(raw_runs, key=lambda r: r["docs_per_second"])
 
     ratio_docs = job["docs_per_second"] / raw["docs_per_second"]
     ratio_tokens = job["output_tokens_per_second"] / raw["output_tokens_per_second"]
     print(f"{'':28} {'docs':>5} {'seconds':>8} {'docs/s':>7} {'out tokens':>10} {'out tok/s':>9}")
-    for name, r in (("raw llama.cpp loop", raw), ("sira enrich (local)", job)):
+    for name, r in (("raw llama.cpp loop, before", raw_runs[0]), ("sira enrich (local)", job),
+                    ("raw llama.cpp loop, after", raw_runs[1])):
         print(f"{name:28} {r['documents']:>5} {r['seconds']:>8.1f} {r['docs_per_second']:>7.3f} "
               f"{r['output_tokens']:>10} {r['output_tokens_per_second']:>9.1f}")
-    print(f"job/raw: docs/s {ratio_docs:.2f}, output tokens/s {ratio_tokens:.2f} (target docs/s >= {TARGET_RATIO}); "
+    print(f"job/faster raw: docs/s {ratio_docs:.2f}, output tokens/s {ratio_tokens:.2f} (target docs/s >= {TARGET_RATIO}); "
           f"job errors {job['errors']}, raw model load {raw['model_load_seconds']:.1f} s (not counted)")
 
     report = {
@@ -140,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "task": TASK,
         "decoding": backend.model_dump(include={"temperature", "seed", "max_tokens", "structured_output"}),
         "raw": raw,
+        "raw_runs": raw_runs,
         "job": job,
         "ratio_docs_per_second": ratio_docs,
         "ratio_output_tokens_per_second": ratio_tokens,

@@ -45,7 +45,7 @@ class BackendConfig(BaseModel):
     batch_size: int = Field(16, gt=0)
     concurrency: int = Field(1, gt=0, description="engine replicas (vllm: one per GPU)")
     structured_output: bool = True
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vllm: extra engine arguments")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vllm / local: extra engine arguments")
 
     def model_id(self) -> str:
         """The model name recorded in the enrichment key."""

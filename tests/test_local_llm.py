@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 
 import pandas as pd
@@ -27,7 +28,9 @@ def scifact_docs(n: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def actor():
-    pytest.importorskip("llama_cpp", reason="the `local` extra is not installed")
+    # find_spec, not importorskip: llama_cpp must first be imported after pipelines.local_llm (OMP_WAIT_POLICY).
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("the `local` extra is not installed")
     try:
         local_llm.resolve_model(local_llm.DEFAULT_LOCAL_MODEL)
     except FileNotFoundError as exc:
