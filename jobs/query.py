@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.progress import console, progress_bar
-from pipelines.delta_io import read_table, table_exists
+from pipelines.delta_io import merge_rows, read_table, table_exists
 from pipelines.llm_backends import BackendConfig
 from sira_core import tables
 from sira_core.datasets import iter_lines
@@ -133,9 +133,4 @@ def _commit_runs(uri, run_id, qids, texts, programs, ranked, index_version) -> N
          "doc_ids": [d for d, _ in hits], "scores": [s for _, s in hits], "index_version": index_version,
          "created_at": now}
         for q, p, hits in zip(qids, programs, ranked)], schema=tables.RUNS_SCHEMA)
-    if not table_exists(uri):
-        write_deltalake(uri, rows, mode="append")
-        return
-    predicate = " AND ".join(f"t.{k} = s.{k}" for k in tables.RUNS_KEY)
-    DeltaTable(uri).merge(rows, predicate=predicate, source_alias="s", target_alias="t") \
-        .when_not_matched_insert_all().execute()
+    merge_rows(uri, rows, tables.RUNS_KEY)

@@ -47,3 +47,16 @@ def write_table(uri: str, data, mode: str = "append", partition_by: Sequence[str
     """Write in one commit (the data's own Arrow schema); returns the new table version."""
     write_deltalake(uri, data, mode=mode, partition_by=list(partition_by) if partition_by else None)
     return DeltaTable(uri).version()
+
+
+def merge_rows(uri: str, rows: pa.Table, key: Sequence[str], replace_when: str | None = None) -> None:
+    """Upsert on `key` in one commit: new keys are inserted; an existing row is replaced only when
+    `replace_when` (a predicate on target `t`) holds. Creates the table on first use."""
+    if not table_exists(uri):
+        write_deltalake(uri, rows, mode="append")
+        return
+    merger = DeltaTable(uri).merge(rows, predicate=" AND ".join(f"t.{k} = s.{k}" for k in key),
+                                   source_alias="s", target_alias="t")
+    if replace_when is not None:
+        merger = merger.when_matched_update_all(predicate=replace_when)
+    merger.when_not_matched_insert_all().execute()

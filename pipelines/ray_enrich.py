@@ -12,9 +12,8 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
 
-from pipelines.delta_io import read_table, table_exists
+from pipelines.delta_io import merge_rows, read_table, table_exists
 from pipelines.llm_backends import BackendConfig, build_stage
 from sira_core import tables
 from sira_core.enrichment import PromptTemplate, document_input, parse_phrases
@@ -38,19 +37,8 @@ def commit(warehouse: str, rows: pa.Table, table: str = tables.ENRICHMENT) -> No
     """Upsert one chunk into a proposals table (enrichment or expansions): new keys are inserted; an errored
     row is replaced by its retry."""
     schema, key = PROPOSAL_TABLES[table]
-    uri = tables.table_uri(warehouse, table)
     rows = rows.select(schema.names).cast(schema)
-    if not table_exists(uri):
-        write_deltalake(uri, rows, mode="append")
-        return
-    predicate = " AND ".join(f"t.{k} = s.{k}" for k in key)
-    (
-        DeltaTable(uri)
-        .merge(rows, predicate=predicate, source_alias="s", target_alias="t")
-        .when_matched_update_all(predicate="t.error IS NOT NULL")
-        .when_not_matched_insert_all()
-        .execute()
-    )
+    merge_rows(tables.table_uri(warehouse, table), rows, key, replace_when="t.error IS NOT NULL")
 
 
 PROPOSAL_TABLES = {

@@ -19,10 +19,9 @@ from pyspark.storagelevel import StorageLevel
 
 from pipelines.delta_io import read_table, table_exists, table_version
 from sira_core import tables
-from sira_core.analysis import Analyzer, AnalyzerConfig, ngrams
+from sira_core.analysis import Analyzer, AnalyzerConfig, index_text, ngrams
 from sira_core.dfstats import corpus_side_filter
 from sira_core.hashing import shard_of, term_id
-from sira_core.memory_index import index_text
 from sira_core.presets import IndexPreset
 
 ANALYZED_SCHEMA = (

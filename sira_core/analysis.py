@@ -101,6 +101,11 @@ class Analyzer:
         return Counter(self.terms(text))
 
 
+def index_text(title: str, text: str) -> str:
+    """The one field that is indexed: title and text."""
+    return f"{title} {text}" if title else text
+
+
 def ngrams(tokens: list[str], max_n: int) -> list[str]:
     out = list(tokens)
     for n in range(2, max_n + 1):

@@ -8,16 +8,11 @@ from typing import Iterable
 
 import numpy as np
 
-from sira_core.analysis import Analyzer
+from sira_core.analysis import Analyzer, index_text
 from sira_core.bm25 import CorpusStats, ShardIndex
 from sira_core.hashing import shard_of, term_id
 from sira_core.presets import IndexPreset
 from sira_core.search import Searcher
-
-
-def index_text(title: str, text: str) -> str:
-    """The one field that is indexed: title and text (as in the Spark build)."""
-    return f"{title} {text}" if title else text
 
 
 def build_searcher(docs: Iterable[tuple[str, str, str]], preset: IndexPreset, num_shards: int = 1) -> Searcher:
