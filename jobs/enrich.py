@@ -21,6 +21,21 @@ class EnrichConfig(BaseModel):
     limit: int | None = Field(None, gt=0, description="enrich at most this many documents (smoke runs)")
     retry_errors: bool = True
     ray_address: str | None = None
+    preset: str | None = Field(None, description="encoder: the plain index whose vocabulary is proposed "
+                                                 "(default: the newest plain index)")
+
+
+def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | None = None):
+    """The vocabulary of the newest plain (not enriched) index: what the encoder proposer proposes from."""
+    from pipelines.encoder_proposer import load_vocabulary
+    from pipelines.shard_loader import IndexNotFound, find_index
+
+    try:
+        manifest = find_index(warehouse, preset=preset, enriched=False)
+    except IndexNotFound as exc:
+        raise IndexNotFound(f"{exc}: the encoder proposer proposes from the vocabulary of a plain index; "
+                            f"build one first with `sira index --warehouse {warehouse} --no-enrichment`") from None
+    return load_vocabulary(warehouse, manifest, backend.encoder, console.log), manifest["analyzer_json"]
 
 
 def run(cfg: EnrichConfig) -> dict:
@@ -30,18 +45,23 @@ def run(cfg: EnrichConfig) -> dict:
     task = cfg.task or task_for_dataset(_dataset_name(cfg.warehouse))
     template = load_template("doc", task)
     model = cfg.backend.model_id()
-    todo, skipped = docs_to_enrich(cfg.warehouse, model, template.version, cfg.retry_errors)
+    version = cfg.backend.proposal_version(template.version)
+    todo, skipped = docs_to_enrich(cfg.warehouse, model, version, cfg.retry_errors)
     documents = todo.num_rows + skipped  # counted before --limit, which only defers work
     if cfg.limit is not None:
         todo = todo.slice(0, cfg.limit)
     console.log(f"enrich: {todo.num_rows} documents to do, {skipped} already enriched "
-                f"(backend {cfg.backend.backend}, model {model}, prompt {template.version})")
+                f"(backend {cfg.backend.backend}, model {model}, version {version})")
     started = time.perf_counter()
     counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
     if todo.num_rows:
+        vocabulary, analyzer_json = None, None
+        if cfg.backend.backend == "encoder":
+            vocabulary, analyzer_json = encoder_vocabulary(cfg.warehouse, cfg.backend, cfg.preset)
         init_ray(cfg.ray_address)
         with progress_bar("enrich", total=todo.num_rows, unit="docs") as advance:
-            counters = enrich(cfg.warehouse, todo, template, cfg.backend, cfg.max_n, cfg.commit_every, advance)
+            counters = enrich(cfg.warehouse, todo, template, cfg.backend, cfg.max_n, cfg.commit_every, advance,
+                              vocabulary, analyzer_json)
     seconds = time.perf_counter() - started
     done = counters["enriched"] + counters["errors"]
     return {
@@ -55,7 +75,7 @@ def run(cfg: EnrichConfig) -> dict:
         "docs_per_second": done / seconds if seconds > 0 and done else 0.0,
         "output_tokens_per_second": counters["output_tokens"] / seconds if seconds > 0 else 0.0,
         "model": model,
-        "prompt_version": template.version,
+        "prompt_version": version,
         "backend": cfg.backend.backend,
     }
 

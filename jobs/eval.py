@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobs import enrich as enrich_job
 from jobs import index as index_job
 from jobs import ingest as ingest_job
 from jobs.progress import console, progress_bar
@@ -17,9 +18,8 @@ from pipelines.query_expansion import expand_queries
 from pipelines.shard_loader import IndexNotFound, find_index, load_df_table, load_searcher
 from sira_core import tables
 from sira_core.datasets import resolve_dataset
-from sira_core.dfstats import query_side_filter
 from sira_core.enrichment import task_for_dataset
-from sira_core.program import RetrievalProgram
+from sira_core.program import RetrievalProgram, expansion_program
 from sira_core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
 
@@ -42,7 +42,11 @@ class EvalConfig(BaseModel):
     spark_master: str = "local[*]"
     w: float = Field(0.5, ge=0, description="weight of the expansion part")
     task: str | None = Field(None, description="prompt task; default: chosen from the dataset name")
-    backend: BackendConfig = Field(default_factory=BackendConfig, description="query-side proposer")
+    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
+                                   description="query-side proposer")
+    doc_backend: BackendConfig | None = Field(
+        None, description="corpus-side proposer, run incrementally before indexing; None: index the warehouse's "
+                          "enrichment as it stands (the encoder proposer when there is none)")
     ray_address: str | None = None
 
     @property
@@ -58,31 +62,55 @@ class EvalConfig(BaseModel):
 
 
 def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, spark_master: str,
-                 enriched: bool = False, tau: float = 0.05) -> dict:
-    """The newest index of `preset` built from the current docs (and enrichment) tables; ingests and
-    indexes what is missing or stale."""
+                 enriched: bool = False, tau: float = 0.05, doc_backend: BackendConfig | None = None,
+                 task: str | None = None) -> dict:
+    """The newest index of `preset` built from the current docs (and enrichment) tables; ingests, enriches
+    (incrementally, with `doc_backend`) and indexes what is missing or stale."""
     docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
     if docs_version is None:
         console.log(f"warehouse {warehouse} has no docs table: ingesting {dataset_spec}")
         summary = ingest_job.run(ingest_job.IngestConfig(source=dataset_spec, warehouse=warehouse))
         console.log(f"ingest: read {summary['read']}, kept {summary['kept']}, rejected {summary['rejected']}")
         docs_version = summary["docs_table_version"]
-    enrichment_version = None
-    if enriched:
-        enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT))
-        if enrichment_version is None:
-            raise FileNotFoundError(f"warehouse {warehouse} has no enrichment table; run `sira enrich` first")
+    if not enriched:
+        return _fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
+    if doc_backend is None:
+        if table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) is not None:
+            # No proposer named: index the warehouse's enrichment as it stands (each doc's newest proposal).
+            return _fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau, any_model=True)
+        doc_backend = BackendConfig(backend="encoder")  # nothing enriched yet: the CPU default proposer
+    if doc_backend.backend == "encoder":  # it proposes from a plain index's vocabulary
+        _fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
+    enrich_summary = enrich_job.run(enrich_job.EnrichConfig(warehouse=warehouse, backend=doc_backend, task=task,
+                                                            preset=preset))
+    if enrich_summary["errors"]:
+        console.log(f"[yellow]enrichment: {enrich_summary['errors']} documents failed; they are indexed without "
+                    f"enrichment and retried by the next run[/yellow]")
+    return _fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau,
+                           enrich_summary["model"], enrich_summary["prompt_version"])
+
+
+def _fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, docs_version: int,
+                    tau: float | None = None, model: str | None = None, prompt_version: str | None = None,
+                    any_model: bool = False) -> dict:
+    """The newest index of `preset` matching the current docs (and, when `model` is given or `any_model`, the
+    current enrichment table, that model and prompt, and tau); built when there is none."""
+    enriched = model is not None or any_model
+    enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) if enriched else None
     try:
         manifest = find_index(warehouse, preset=preset, enriched=enriched)
-        fresh = manifest["docs_table_version"] == docs_version and (
-            not enriched or (manifest["enrichment_table_version"] == enrichment_version and manifest["tau"] == tau))
+        fresh = manifest["docs_table_version"] == docs_version and (not enriched or (
+            manifest["enrichment_table_version"] == enrichment_version and manifest["tau"] == tau
+            and manifest.get("enrichment_model") == model
+            and manifest.get("enrichment_prompt_version") == prompt_version))
         if fresh:
             return manifest
         console.log(f"index v{manifest['index_version']} is stale (built from other docs/enrichment versions or tau)")
     except IndexNotFound:
         console.log(f"no {preset} index {'with' if enriched else 'without'} enrichment in {warehouse}: building one")
     index_job.run(index_job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
-                                        enrichment=enriched, tau=tau))
+                                        enrichment=enriched, tau=tau if enriched else 0.05, enrichment_model=model,
+                                        enrichment_prompt_version=prompt_version))
     return find_index(warehouse, preset=preset, enriched=enriched)
 
 
@@ -103,15 +131,16 @@ def build_programs(cfg: EvalConfig, dataset_name: str, warehouse: str, searcher,
         return programs
     task = cfg.task or task_for_dataset(dataset_name)
     with progress_bar("expand queries", total=len(queries), unit="queries") as advance:
-        phrases, summary = expand_queries(warehouse, queries, task, cfg.backend, cfg.ray_address, on_progress=advance)
+        proposals, summary = expand_queries(warehouse, queries, task, cfg.backend, cfg.ray_address,
+                                            on_progress=advance, manifest=manifest)
     df_table = load_df_table(warehouse, manifest)
     for qid, text in queries.items():
-        decisions = query_side_filter(phrases[qid], searcher.analyzer, df_table.lookup, manifest["num_docs"], cfg.tau)
-        programs[qid] = RetrievalProgram.build(text, searcher.analyzer, decisions, w=cfg.w, proposer=summary["model"],
-                                               index_version=manifest["index_version"],
-                                               prompt_version=summary["prompt_version"])
+        programs[qid] = expansion_program(text, searcher.analyzer, proposals[qid], df_table.lookup,
+                                          manifest["num_docs"], cfg.tau, cfg.w, summary["model"],
+                                          manifest["index_version"], summary["prompt_version"])
     kept = sum(e.kept for p in programs.values() for e in p.expansions)
-    programs.summary = {**summary, "phrases_proposed": sum(len(p) for p in phrases.values()), "phrases_kept": kept}
+    programs.summary = {**summary, "phrases_proposed": sum(len(p.phrases) for p in proposals.values()),
+                        "phrases_kept": kept}
     return programs
 
 
@@ -121,7 +150,7 @@ def run(cfg: EvalConfig) -> dict:
     queries = dataset.queries(cfg.split)
     qrels = dataset.qrels(cfg.split)
     manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
-                            enriched=cfg.enriched, tau=cfg.tau)
+                            enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task)
     searcher, manifest = load_searcher(warehouse, manifest["index_version"])
     programs = build_programs(cfg, dataset.name, warehouse, searcher, manifest, queries)
 

@@ -73,8 +73,8 @@ def run(cfg: QueryConfig) -> dict:
     from pipelines.shard_actors import start_shard_actors
     from pipelines.shard_loader import find_index, load_df_table
     from sira_core.analysis import Analyzer, AnalyzerConfig
-    from sira_core.dfstats import query_side_filter
-    from sira_core.program import RetrievalProgram
+    from sira_core.program import expansion_program
+    from sira_core.proposers import Proposal
     from sira_core.search import compile_query, merge_ranked
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
@@ -93,22 +93,21 @@ def run(cfg: QueryConfig) -> dict:
     expansion = None
     if todo:
         init_ray(cfg.ray_address)
-        phrases: dict[str, list[str]] = {q: [] for q in todo}
+        proposals = {q: Proposal([], []) for q in todo}
         if cfg.expand:
             with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
-                phrases, expansion = expand_queries(cfg.warehouse, todo, cfg.task, cfg.backend, cfg.ray_address,
-                                                    on_progress=advance)
+                proposals, expansion = expand_queries(cfg.warehouse, todo, cfg.task, cfg.backend, cfg.ray_address,
+                                                      on_progress=advance, manifest=manifest)
         df_table = load_df_table(cfg.warehouse, manifest)
         actors = start_shard_actors(cfg.warehouse, manifest)
         qids = sorted(todo)
         with progress_bar("score queries", total=len(qids), unit="queries") as advance:
             for start in range(0, len(qids), cfg.batch_size):
                 batch = qids[start : start + cfg.batch_size]
-                programs = [RetrievalProgram.build(
-                    todo[q], analyzer,
-                    query_side_filter(phrases[q], analyzer, df_table.lookup, manifest["num_docs"], cfg.tau),
-                    w=cfg.w, proposer=(expansion or {}).get("model", ""), index_version=manifest["index_version"],
-                    prompt_version=(expansion or {}).get("prompt_version")) for q in batch]
+                programs = [expansion_program(
+                    todo[q], analyzer, proposals[q], df_table.lookup, manifest["num_docs"], cfg.tau, cfg.w,
+                    (expansion or {}).get("model", ""), manifest["index_version"],
+                    (expansion or {}).get("prompt_version")) for q in batch]
                 compiled = [compile_query(p.parts()) for p in programs]
                 constraints = [(p.must, p.exclude) for p in programs]
                 per_shard = ray.get([a.top_k.remote(compiled, cfg.k, constraints) for a in actors])

@@ -56,7 +56,8 @@ def merge_rows(uri: str, rows: pa.Table, key: Sequence[str], replace_when: str |
         write_deltalake(uri, rows, mode="append")
         return
     merger = DeltaTable(uri).merge(rows, predicate=" AND ".join(f"t.{k} = s.{k}" for k in key),
-                                   source_alias="s", target_alias="t")
+                                   source_alias="s", target_alias="t",
+                                   merge_schema=True)  # tables written before a column was added gain it
     if replace_when is not None:
         merger = merger.when_matched_update_all(predicate=replace_when)
     merger.when_not_matched_insert_all().execute()

@@ -21,6 +21,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sira_core.enrichment import JSON_SCHEMA
+from sira_core.proposers import EncoderProposerConfig
 
 OUTPUT_COLUMNS = ("raw_output", "input_tokens", "output_tokens", "latency_ms", "error")
 
@@ -31,7 +32,7 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["openai", "vllm", "local"] = "local"
+    backend: Literal["openai", "vllm", "local", "encoder"] = "local"
     model: str | None = Field(None, description="model id / path; local: a GGUF path or a packaged model name")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="openai: the endpoint's /v1 base URL")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the key")
@@ -46,9 +47,15 @@ class BackendConfig(BaseModel):
     concurrency: int = Field(1, gt=0, description="engine replicas (vllm: one per GPU)")
     structured_output: bool = True
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vllm / local: extra engine arguments")
+    encoder: EncoderProposerConfig = Field(default_factory=EncoderProposerConfig,
+                                           description="encoder: the nearest-vocabulary proposer's settings")
 
     def model_id(self) -> str:
         """The model name recorded in the enrichment key."""
+        if self.backend == "encoder":
+            from pipelines.encoder import ENCODER_NAME
+
+            return f"encoder:{ENCODER_NAME}"
         if self.model:
             return self.model
         if self.backend == "local":
@@ -56,6 +63,14 @@ class BackendConfig(BaseModel):
 
             return DEFAULT_LOCAL_MODEL
         raise ValueError(f"backend {self.backend!r} needs --model")
+
+    def proposal_version(self, template_version: str) -> str:
+        """What keys a proposal besides the model: the prompt's version, or the encoder settings' hash."""
+        if self.backend == "encoder":
+            from pipelines.encoder import ENCODER_NAME
+
+            return self.encoder.version(ENCODER_NAME)
+        return template_version
 
 
 def chat_messages(prompt: str) -> list[dict[str, str]]:
@@ -287,6 +302,13 @@ def local_stage(cfg: BackendConfig) -> Callable:
 STAGES = {"openai": openai_stage, "vllm": vllm_stage, "local": local_stage}
 
 
-def build_stage(cfg: BackendConfig) -> Callable:
-    """A callable that maps a Ray Dataset of {..., prompt} rows to rows with the backend output columns."""
+def build_stage(cfg: BackendConfig, vocabulary=None, analyzer_json: str | None = None) -> Callable:
+    """A callable that maps a Ray Dataset of {..., prompt} rows to rows with the backend output columns.
+    The encoder proposer reads the text itself as its prompt and needs the index's vocabulary."""
+    if cfg.backend == "encoder":
+        from pipelines.encoder_proposer import encoder_stage
+
+        if vocabulary is None or analyzer_json is None:
+            raise ValueError("the encoder backend needs the vocabulary of a published index")
+        return encoder_stage(vocabulary, cfg.encoder, analyzer_json, batch_size=cfg.batch_size)
     return STAGES[cfg.backend](cfg)

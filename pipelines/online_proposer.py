@@ -5,7 +5,8 @@ and prompt version, read once when the server starts), and on a miss asks the ba
 
 - `openai`: one chat-completions request through ErrorTolerantSession (its timeouts, retries and backoff);
 - `local`:  an in-process LocalLLMActor, loaded once, on one worker thread (llama.cpp serves one prompt at a
-  time) so the event loop keeps answering other requests while it generates.
+  time) so the event loop keeps answering other requests while it generates;
+- `encoder`: the encoder proposer over the served index's vocabulary, on the same kind of worker thread.
 
 Online answers are not written back to Delta: a request must not wait on a table commit, and several servers
 would race on the MERGE. The bulk jobs fill the cache; the server only reads it.
@@ -23,7 +24,7 @@ from pipelines.llm_backends import (BackendConfig, ErrorTolerantSession, chat_me
 from pipelines.query_expansion import QUERY_MAX_N, cached_expansions, query_hash
 from sira_core.enrichment import load_template, parse_phrases
 
-ONLINE_BACKENDS = ("openai", "local")
+ONLINE_BACKENDS = ("openai", "local", "encoder")
 
 
 @dataclass(frozen=True)
@@ -31,19 +32,26 @@ class Proposal:
     phrases: list[str]
     source: str  # cache | backend
     error: str | None = None  # the backend failed or its output was unusable: no phrases
+    weights: list[float] | None = None  # the proposer's confidence per phrase (None: 1 each)
+
+    def weight_of(self) -> dict[str, float]:
+        return dict(zip(self.phrases, self.weights)) if self.weights else {}
 
 
 class OnlineProposer:
     """Call start() inside the serving event loop before the first propose(), close() when done."""
 
-    def __init__(self, warehouse: str, backend: BackendConfig, task: str):
+    def __init__(self, warehouse: str, backend: BackendConfig, task: str, manifest: dict | None = None):
         if backend.backend not in ONLINE_BACKENDS:
-            raise ValueError(f"online expansion needs backend openai or local, not {backend.backend!r} "
+            raise ValueError(f"online expansion needs backend openai, local or encoder, not {backend.backend!r} "
                              "(vllm runs as a batch dataflow: use it through `sira query`)")
+        if backend.backend == "encoder" and manifest is None:
+            raise ValueError("the encoder proposer needs the served index (its vocabulary)")
         self.backend = backend
+        self.warehouse, self.manifest = warehouse, manifest
         self.template = load_template("query", task)
         self.model = backend.model_id()
-        self.prompt_version = self.template.version
+        self.prompt_version = backend.proposal_version(self.template.version)
         self.cache = cached_expansions(warehouse, self.model, self.prompt_version)
         self._session: ErrorTolerantSession | None = None
         self._llm = None
@@ -53,12 +61,23 @@ class OnlineProposer:
         if self.backend.backend == "openai":
             cfg = self.backend
             self._session = await ErrorTolerantSession(cfg.timeout_s, cfg.max_retries, cfg.retry_base_s).__aenter__()
+        elif self.backend.backend == "encoder":
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sira-encoder")
+            self._llm = await asyncio.get_running_loop().run_in_executor(self._worker, self._load_encoder)
         else:
             from pipelines.local_llm import LocalLLMActor
 
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sira-local-llm")
             self._llm = await asyncio.get_running_loop().run_in_executor(
                 self._worker, LocalLLMActor, self.backend.model_dump_json())
+
+    def _load_encoder(self):
+        from pipelines.encoder_proposer import EncoderProposer, load_vocabulary
+        from sira_core.analysis import Analyzer, AnalyzerConfig
+
+        vocabulary = load_vocabulary(self.warehouse, self.manifest, self.backend.encoder)
+        analyzer = Analyzer(AnalyzerConfig.model_validate_json(self.manifest["analyzer_json"]))
+        return EncoderProposer(vocabulary, self.backend.encoder, analyzer)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -71,7 +90,13 @@ class OnlineProposer:
     async def propose(self, query: str) -> Proposal:
         cached = self.cache.get(query_hash(query))
         if cached is not None:
-            return Proposal(list(cached), "cache")
+            return Proposal(list(cached.phrases), "cache", weights=list(cached.weights))
+        if self.backend.backend == "encoder":
+            try:
+                p = (await asyncio.get_running_loop().run_in_executor(self._worker, self._llm.propose, [query]))[0]
+            except Exception as exc:  # degrade to the plain query, as a failed LLM call does
+                return Proposal([], "backend", f"encoder: {type(exc).__name__}: {exc}")
+            return Proposal(p.phrases, "backend", p.error, p.weights)
         prompt = self.template.render(query, QUERY_MAX_N)
         if self.backend.backend == "openai":
             row = await self._ask_openai(prompt)
@@ -91,11 +116,12 @@ class OnlineProposer:
         return openai_postprocess({"http_response": await response.json()})
 
 
-def propose_once(warehouse: str, backend: BackendConfig, task: str, query: str) -> Proposal:
+def propose_once(warehouse: str, backend: BackendConfig, task: str, query: str,
+                 manifest: dict | None = None) -> Proposal:
     """One expansion outside a server (`sira search --expand`): start, ask, close."""
 
     async def ask() -> Proposal:
-        proposer = OnlineProposer(warehouse, backend, task)
+        proposer = OnlineProposer(warehouse, backend, task, manifest)
         await proposer.start()
         try:
             return await proposer.propose(query)

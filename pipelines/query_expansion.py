@@ -1,5 +1,6 @@
-"""Query side: expected-response sketches for a set of queries, cached in the Delta `expansions` table by
-query text, model and prompt version (a query asked again costs nothing)."""
+"""Query side: proposals (expected-response sketches from an LLM, or the encoder's nearest vocabulary) for a
+set of queries, cached in the Delta `expansions` table by query text, model and prompt version (a query asked
+again costs nothing)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pipelines.llm_backends import BackendConfig
 from pipelines.ray_enrich import init_ray, propose
 from sira_core import tables
 from sira_core.enrichment import load_template
+from sira_core.proposers import Proposal
 
 QUERY_MAX_N = 4  # expansion phrases have 1..4 words
 
@@ -22,15 +24,17 @@ def query_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
-def cached_expansions(warehouse: str, model: str, prompt_version: str) -> dict[str, list[str]]:
-    """query_hash -> phrases of every successful expansion for (model, prompt_version)."""
+def cached_expansions(warehouse: str, model: str, prompt_version: str) -> dict[str, Proposal]:
+    """query_hash -> proposal of every successful expansion for (model, prompt_version)."""
     uri = tables.table_uri(warehouse, tables.EXPANSIONS)
     if not table_exists(uri):
         return {}
-    t = read_table(uri, columns=["query_hash", "model", "prompt_version", "phrases", "error"])
+    t = read_table(uri)
     t = t.filter(pc.and_(pc.and_(pc.equal(t["model"], model), pc.equal(t["prompt_version"], prompt_version)),
                          pc.is_null(t["error"])))
-    return dict(zip(t["query_hash"].to_pylist(), t["phrases"].to_pylist()))
+    weights = t["weights"].to_pylist() if "weights" in t.schema.names else [None] * t.num_rows
+    return {h: Proposal(list(p or []), list(w) if w is not None else [1.0] * len(p or []))
+            for h, p, w in zip(t["query_hash"].to_pylist(), t["phrases"].to_pylist(), weights)}
 
 
 def expand_queries(
@@ -41,22 +45,33 @@ def expand_queries(
     ray_address: str | None = None,
     commit_every: int = 64,
     on_progress: Callable[[int], None] = lambda n: None,
-) -> tuple[dict[str, list[str]], dict]:
-    """Phrases per query id (empty where the LLM failed), and counters of the work done now."""
+    manifest: dict | None = None,
+) -> tuple[dict[str, Proposal], dict]:
+    """A proposal per query id (empty where the proposer failed), and counters of the work done now.
+    The encoder proposer needs `manifest`: the index whose vocabulary it proposes from."""
     template = load_template("query", task)
     model = backend.model_id()
-    cached = cached_expansions(warehouse, model, template.version)
+    version = backend.proposal_version(template.version)
+    cached = cached_expansions(warehouse, model, version)
     by_hash = {query_hash(text): text for text in queries.values()}
     todo = sorted(h for h in by_hash if h not in cached)
     counters = {"expanded": 0, "errors": 0, "cached": len(by_hash) - len(todo), "input_tokens": 0, "output_tokens": 0}
     if todo:
+        vocabulary = analyzer_json = None
+        if backend.backend == "encoder":
+            from pipelines.encoder_proposer import load_vocabulary
+
+            if manifest is None:
+                raise ValueError("the encoder proposer needs the index it expands for (its vocabulary)")
+            vocabulary, analyzer_json = load_vocabulary(warehouse, manifest, backend.encoder), manifest["analyzer_json"]
         init_ray(ray_address)
         table = pa.table({"query_hash": todo, "query": [by_hash[h] for h in todo]})
-        done = propose(warehouse, tables.EXPANSIONS, table, ("query_hash", "query"),
-                       lambda row: template.render(row["query"], QUERY_MAX_N), template.version, backend,
-                       QUERY_MAX_N, commit_every, on_progress)
+        render = (lambda row: row["query"]) if backend.backend == "encoder" else \
+            (lambda row: template.render(row["query"], QUERY_MAX_N))
+        done = propose(warehouse, tables.EXPANSIONS, table, ("query_hash", "query"), render, version, backend,
+                       QUERY_MAX_N, commit_every, on_progress, vocabulary, analyzer_json)
         counters.update(expanded=done["enriched"], errors=done["errors"], input_tokens=done["input_tokens"],
                         output_tokens=done["output_tokens"])
-        cached = cached_expansions(warehouse, model, template.version)
-    phrases = {qid: cached.get(query_hash(text), []) for qid, text in queries.items()}
-    return phrases, {**counters, "model": model, "prompt_version": template.version}
+        cached = cached_expansions(warehouse, model, version)
+    proposals = {qid: cached.get(query_hash(text), Proposal([], [])) for qid, text in queries.items()}
+    return proposals, {**counters, "model": model, "prompt_version": version}

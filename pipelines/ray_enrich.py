@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from pipelines.delta_io import merge_rows, read_table, table_exists
 from pipelines.llm_backends import BackendConfig, build_stage
 from sira_core import tables
+from sira_core.analysis import index_text
 from sira_core.enrichment import PromptTemplate, document_input, parse_phrases
 
 
@@ -55,11 +56,20 @@ def enrich(
     max_n: int,
     commit_every: int = 256,
     on_progress: Callable[[int], None] = lambda n: None,
+    vocabulary=None,
+    analyzer_json: str | None = None,
 ) -> dict:
-    """Corpus side: propose phrases for each doc of `todo` and commit them to `enrichment`."""
-    return propose(warehouse, tables.ENRICHMENT, todo, ("doc_id", "content_hash"),
-                   lambda row: template.render(document_input(row["title"], row["text"]), max_n),
-                   template.version, backend, max_n, commit_every, on_progress)
+    """Corpus side: propose phrases for each doc of `todo` and commit them to `enrichment`. An LLM reads the
+    rendered prompt; the encoder proposer reads the document itself."""
+    if backend.backend == "encoder":
+        def render(row: dict) -> str:
+            return index_text(row["title"], row["text"])
+    else:
+        def render(row: dict) -> str:
+            return template.render(document_input(row["title"], row["text"]), max_n)
+    return propose(warehouse, tables.ENRICHMENT, todo, ("doc_id", "content_hash"), render,
+                   backend.proposal_version(template.version), backend, max_n, commit_every, on_progress,
+                   vocabulary, analyzer_json)
 
 
 def propose(
@@ -73,8 +83,10 @@ def propose(
     max_words: int,
     commit_every: int = 256,
     on_progress: Callable[[int], None] = lambda n: None,
+    vocabulary=None,
+    analyzer_json: str | None = None,
 ) -> dict:
-    """Run prompt -> LLM backend -> parse over `todo` with Ray Data and commit results in chunks to `table`
+    """Run prompt -> proposer -> parse over `todo` with Ray Data and commit results in chunks to `table`
     (its key is `carry` + model + prompt_version); returns counters."""
     import ray
 
@@ -85,9 +97,15 @@ def propose(
 
     def parse(row: dict) -> dict:
         failed = bool(row.get("error"))
-        phrases, parse_error = ([], None) if failed else parse_phrases(row.get("raw_output"), max_words=max_words)
+        weights = None
+        if failed:
+            phrases, parse_error = [], None
+        elif row.get("proposed") is not None:  # the encoder proposer: phrases and weights, nothing to parse
+            phrases, weights, parse_error = list(row["proposed"]), [float(w) for w in row["weights"]], None
+        else:
+            phrases, parse_error = parse_phrases(row.get("raw_output"), max_words=max_words)
         return {**{c: row[c] for c in carry}, "model": model,
-                "prompt_version": prompt_version, "backend": backend_name, "phrases": phrases,
+                "prompt_version": prompt_version, "backend": backend_name, "phrases": phrases, "weights": weights,
                 "raw_output": row.get("raw_output"), "input_tokens": int(row.get("input_tokens") or 0),
                 "output_tokens": int(row.get("output_tokens") or 0),
                 "latency_ms": float(row.get("latency_ms") or 0.0), "error": row.get("error") or parse_error,
@@ -100,7 +118,7 @@ def propose(
     # block would hold every result back until the end and a killed job would lose them all.
     blocks = [todo.slice(start, commit_every) for start in range(0, todo.num_rows, commit_every)]
     ds = ray.data.from_arrow(blocks).map(make_prompt, num_cpus=0.1)
-    ds = build_stage(backend)(ds).map(parse, num_cpus=0.1)
+    ds = build_stage(backend, vocabulary, analyzer_json)(ds).map(parse, num_cpus=0.1)
     for chunk in _chunks(ds, commit_every):
         commit(warehouse, chunk, table)
         errors = chunk.num_rows - pc.sum(pc.is_null(chunk["error"]).cast(pa.int64())).as_py()

@@ -91,7 +91,7 @@ class SearchService:
         from pipelines.shard_loader import find_index, load_df_table
 
         manifest = find_index(warehouse, index_version, preset)
-        proposer = OnlineProposer(warehouse, backend, task) if backend is not None else None
+        proposer = OnlineProposer(warehouse, backend, task, manifest) if backend is not None else None
         df_table = load_df_table(warehouse, manifest) if proposer is not None else None
         if actors is None:
             init_ray(ray_address)
@@ -105,13 +105,13 @@ class SearchService:
 
     async def search(self, req: SearchRequest) -> dict:
         if req.expand and self.proposer is None:
-            raise BadRequest("expand: this server has no expansion backend (start it with --backend openai|local)")
+            raise BadRequest("expand: this server has no expansion backend (start it with --backend openai|local|encoder)")
         try:  # constraints without index terms are the caller's mistake; check before paying for an expansion
             RetrievalProgram.build("", self.analyzer, must=req.must, exclude=req.exclude)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         started = time.perf_counter()
-        decisions, expansion = (), None
+        decisions, expansion, weights = (), None, None
         if req.expand:
             proposal = await self.proposer.propose(req.query)
             decisions = query_side_filter(proposal.phrases, self.analyzer, self.df_table.lookup,
@@ -119,11 +119,12 @@ class SearchService:
             # A failed expansion degrades to the plain query (the program shows no expansions) rather than failing
             # the search; the response says why.
             expansion = {"source": proposal.source, "error": proposal.error}
+            weights = proposal.weight_of()
         expanded = time.perf_counter()
         program = RetrievalProgram.build(
             req.query, self.analyzer, decisions, w=self.w, must=req.must, exclude=req.exclude,
             proposer=self.proposer.model if req.expand else "", index_version=self.manifest["index_version"],
-            prompt_version=self.proposer.prompt_version if req.expand else None)
+            prompt_version=self.proposer.prompt_version if req.expand else None, weights=weights)
         compiled = compile_query(program.parts())
         constraints = [(program.must, program.exclude)]
         per_shard = await asyncio.gather(*(a.top_k.remote([compiled], req.k, constraints) for a in self.actors))

@@ -183,7 +183,8 @@ def build_index(
         original_df = keep(original.select(F.explode("terms").alias("term")).groupBy("term")
                            .agg(F.count("*").cast("long").alias("df")))
         enrichment_info = {"enriched": False, "enrichment_table_version": None, "tau": None,
-                           "phrases_proposed": 0, "phrases_kept": 0}
+                           "phrases_proposed": 0, "phrases_kept": 0, "enrichment_model": None,
+                           "enrichment_prompt_version": None}
         if enrichment is None:
             analyzed = original
         else:
@@ -203,7 +204,9 @@ def build_index(
             counts = analyzed.select(F.explode("decisions").alias("d")).agg(
                 F.count("*").alias("proposed"), F.sum(F.col("d.kept").cast("int")).alias("kept")).first()
             enrichment_info = {"enriched": True, "enrichment_table_version": enr_version, "tau": enrichment.tau,
-                               "phrases_proposed": int(counts["proposed"]), "phrases_kept": int(counts["kept"] or 0)}
+                               "phrases_proposed": int(counts["proposed"]), "phrases_kept": int(counts["kept"] or 0),
+                               "enrichment_model": enrichment.model,
+                               "enrichment_prompt_version": enrichment.prompt_version}
             log(f"enrichment v{enr_version}: kept {enrichment_info['phrases_kept']} of "
                 f"{enrichment_info['phrases_proposed']} proposed phrases")
         analyzed = keep(analyzed.withColumn("doc_ord", F.row_number().over(by_shard_doc) - 1))
@@ -290,4 +293,4 @@ def publish(spark: SparkSession, warehouse: str, row: dict) -> None:
             raise RuntimeError(f"index version {row['index_version']} was published by another build meanwhile")
     spark.createDataFrame([tuple(row[c] for c, _ in tables.CORPUS_STATS_FIELDS)],
                           ", ".join(f"{c} {t}" for c, t in tables.CORPUS_STATS_FIELDS)).write.format(
-        "delta").mode("append").save(uri)
+        "delta").mode("append").option("mergeSchema", "true").save(uri)  # older tables gain new columns

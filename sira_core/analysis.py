@@ -73,18 +73,24 @@ class Analyzer:
             text = "".join(ch for ch in text if not unicodedata.combining(ch))
         return text.lower()
 
-    def tokens(self, text: str) -> list[str]:
-        """Stemmed unigram tokens in order (stopwords removed)."""
+    def surface_words(self, text: str) -> list[str]:
+        """Normalised words in order, stopwords removed, before stemming (what a reader would search for)."""
         words = self._token_re.findall(self.normalize(text))
         if self.config.possessive:
             words = [_POSSESSIVE.sub("", w) if "'" in w or "\u2019" in w else w for w in words]
-        words = [w for w in words if w and w not in self._stopwords]
+        return [w for w in words if w and w not in self._stopwords]
+
+    def stem(self, words: list[str]) -> list[str]:
         if self._stemmer is None:
-            return words
+            return list(words)
         if self.config.stemmer == "porter":
             # Lucene's PorterStemmer leaves words of 1-2 characters alone (PyStemmer maps "s" to "").
             return [w if len(w) <= 2 else self._stemmer.stemWord(w) for w in words]
         return self._stemmer.stemWords(words)
+
+    def tokens(self, text: str) -> list[str]:
+        """Stemmed unigram tokens in order (stopwords removed)."""
+        return self.stem(self.surface_words(text))
 
     def terms(self, text: str) -> list[str]:
         """All index terms of one field or phrase: unigrams, then n-grams of adjacent tokens up to max_n."""

@@ -4,32 +4,50 @@ benchmarks and notebooks. Same analysis, same shard hash, same ordinals, same st
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from sira_core.analysis import Analyzer, index_text
+from sira_core.analysis import Analyzer, index_text, ngrams
 from sira_core.bm25 import CorpusStats, ShardIndex
+from sira_core.dfstats import corpus_side_filter
 from sira_core.hashing import shard_of, term_id
 from sira_core.presets import IndexPreset
 from sira_core.search import Searcher
 
 
-def build_searcher(docs: Iterable[tuple[str, str, str]], preset: IndexPreset, num_shards: int = 1) -> Searcher:
+def build_searcher(docs: Iterable[tuple[str, str, str]], preset: IndexPreset, num_shards: int = 1,
+                   phrases: Mapping[str, Sequence[str]] | None = None, tau: float = 0.05) -> Searcher:
+    """With `phrases` (doc_id -> proposed phrases), the corpus-side filter and injection of the Spark build:
+    a phrase enters its document unless already there or too common in the original corpus (DF > tau*|C|)."""
     analyzer = Analyzer(preset.analyzer)
-    per_shard: dict[int, list[tuple[str, Counter]]] = {s: [] for s in range(num_shards)}
+    analysed: list[tuple[str, list[str], Counter]] = []
     df: Counter = Counter()
-    total = 0
     for doc_id, title, text in docs:
-        counts = Counter(analyzer.terms(index_text(title, text)))
-        per_shard[shard_of(doc_id, num_shards)].append((doc_id, counts))
+        tokens = analyzer.tokens(index_text(title, text))
+        counts = Counter(ngrams(tokens, analyzer.config.max_n))
+        analysed.append((doc_id, tokens, counts))
         df.update(counts.keys())
-        total += sum(counts.values())
-    num_docs = sum(len(v) for v in per_shard.values())
+    num_docs = len(analysed)
     if num_docs == 0:
         raise ValueError("no documents to index")
+    per_shard: dict[int, list[tuple[str, Counter]]] = {s: [] for s in range(num_shards)}
+    total = 0
+    for doc_id, tokens, counts in analysed:
+        proposed = (phrases or {}).get(doc_id)
+        if proposed:
+            for d in corpus_side_filter(list(proposed), tokens, analyzer, lambda ts: df, num_docs, tau):
+                if d.kept:
+                    counts.update(d.terms)
+        per_shard[shard_of(doc_id, num_shards)].append((doc_id, counts))
+        total += sum(counts.values())
+    # BM25 scores with the DF of the indexed (enriched) field, as the Spark build does.
+    indexed_df: Counter = Counter()
+    for rows in per_shard.values():
+        for _, counts in rows:
+            indexed_df.update(counts.keys())
     stats = CorpusStats(num_docs, total / num_docs, preset.bm25.k1, preset.bm25.b)
-    shards = [_shard_index(s, sorted(rows, key=lambda r: r[0]), df, stats) for s, rows in per_shard.items()]
+    shards = [_shard_index(s, sorted(rows, key=lambda r: r[0]), indexed_df, stats) for s, rows in per_shard.items()]
     return Searcher(shards, stats, analyzer)
 
 

@@ -10,12 +10,13 @@ restricted to documents that hold every `must` term and no `exclude` term.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sira_core.analysis import NGRAM_SEPARATOR, Analyzer
-from sira_core.dfstats import ExpansionDecision
+from sira_core.dfstats import ExpansionDecision, query_side_filter
+from sira_core.proposers import Proposal
 from sira_core.search import QueryPart
 
 DEFAULT_W = 0.5
@@ -57,12 +58,16 @@ class RetrievalProgram(BaseModel):
         proposer: str = "",
         index_version: int | None = None,
         prompt_version: str | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> "RetrievalProgram":
+        """`weights`: the proposer's confidence per phrase (the encoder's cosine); absent phrases weigh 1."""
+        weights = weights or {}
         return cls(
             query=query,
             original_terms=analyzer.terms(query),
             expansions=[Expansion(phrase=d.phrase, kept=d.kept, reason=d.reason, terms=list(d.terms),
-                                  dfs=list(d.dfs), proposer=proposer) for d in decisions],
+                                  dfs=list(d.dfs), weight=max(float(weights.get(d.phrase, 1.0)), 1e-6),
+                                  proposer=proposer) for d in decisions],
             w=w,
             must=[t for text in must for t in constraint_terms(text, analyzer)],
             exclude=[t for text in exclude for t in constraint_terms(text, analyzer)],
@@ -87,3 +92,21 @@ def constraint_terms(text: str, analyzer: Analyzer) -> list[str]:
     if 1 < len(tokens) <= analyzer.config.max_n:
         return [NGRAM_SEPARATOR.join(tokens)]
     return tokens
+
+
+def expansion_program(
+    query: str,
+    analyzer: Analyzer,
+    proposal: Proposal,
+    df_lookup: Callable[[Sequence[str]], Mapping[str, int]],
+    num_docs: int,
+    tau: float,
+    w: float = DEFAULT_W,
+    proposer: str = "",
+    index_version: int | None = None,
+    prompt_version: str | None = None,
+) -> RetrievalProgram:
+    """A query's program from its proposal: query-side DF validation, then the weighted single call."""
+    decisions = query_side_filter(proposal.phrases, analyzer, df_lookup, num_docs, tau)
+    return RetrievalProgram.build(query, analyzer, decisions, w=w, proposer=proposer, index_version=index_version,
+                                  prompt_version=prompt_version, weights=dict(zip(proposal.phrases, proposal.weights)))

@@ -45,6 +45,7 @@ ENRICHMENT_SCHEMA = pa.schema(
         pa.field("prompt_version", pa.string(), nullable=False),
         pa.field("backend", pa.string(), nullable=False),
         pa.field("phrases", pa.list_(pa.string())),
+        pa.field("weights", pa.list_(pa.float32())),  # the proposer's confidence per phrase; null: 1 each (LLMs)
         pa.field("raw_output", pa.string()),
         pa.field("input_tokens", pa.int64()),
         pa.field("output_tokens", pa.int64()),
@@ -62,6 +63,20 @@ EXPANSIONS_SCHEMA = pa.schema(
     + [f for f in ENRICHMENT_SCHEMA if f.name not in ("doc_id", "content_hash")]
 )
 EXPANSIONS_KEY = ("query_hash", "model", "prompt_version")
+
+# The encoder proposer's vocabulary: entries of one index version and their embeddings (partitioned by version).
+VOCABULARY = "vocabulary"
+VOCABULARY_SCHEMA = pa.schema(
+    [
+        pa.field("index_version", pa.int64(), nullable=False),
+        pa.field("vocabulary_key", pa.string(), nullable=False),  # hash of the membership settings
+        pa.field("encoder", pa.string(), nullable=False),
+        pa.field("term", pa.string(), nullable=False),
+        pa.field("surface", pa.string(), nullable=False),
+        pa.field("df", pa.int64(), nullable=False),
+        pa.field("embedding", pa.list_(pa.float32()), nullable=False),
+    ]
+)
 
 # Written by `sira query`: one row per (run_id, qid), the retrieval program included.
 RUNS = "runs"
@@ -92,6 +107,7 @@ CORPUS_STATS_FIELDS = (
     ("tau", "double"), ("phrases_proposed", "long"), ("phrases_kept", "long"), ("docs_table_version", "long"),
     ("term_stats_table_version", "long"), ("postings_table_version", "long"), ("shard_docs_table_version", "long"),
     ("injections_table_version", "long"), ("built_at", "timestamp"),
+    ("enrichment_model", "string"), ("enrichment_prompt_version", "string"),  # the choice injected (null: newest)
 )
 
 

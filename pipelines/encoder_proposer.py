@@ -1,0 +1,169 @@
+"""The encoder proposer: corpus vocabulary embedded once per index version (cached in Delta), texts embedded
+by the same encoder, nearest entries proposed with their cosine as weight.
+
+As a Ray Data stage it has the LLM backends' contract (rows {key, prompt} -> rows + raw_output, token counts,
+latency, error), plus the proposals themselves (`proposed`, `weights`), so `sira enrich` and `sira query` run
+it through the same dataflow, tables and DF filters as an LLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.delta_io import read_table, table_exists, write_table
+from pipelines.encoder import ENCODER_NAME, MiniLMEncoder
+from sira_core import tables
+from sira_core.analysis import NGRAM_SEPARATOR, Analyzer, AnalyzerConfig, index_text
+from sira_core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, nearest_entries, surface_forms,
+                                 vocabulary_entries)
+
+PROPOSER_NAME = f"encoder:{ENCODER_NAME}"
+
+_ENCODERS: dict[int, MiniLMEncoder] = {}
+
+
+def shared_encoder(max_tokens: int = 256) -> MiniLMEncoder:
+    """One encoder per process and input length (the weights are 90 MB)."""
+    if max_tokens not in _ENCODERS:
+        _ENCODERS[max_tokens] = MiniLMEncoder(max_tokens=max_tokens)
+    return _ENCODERS[max_tokens]
+
+
+def vocabulary_key(cfg: EncoderProposerConfig) -> str:
+    """What decides the vocabulary's membership (not the proposals' count or threshold)."""
+    blob = json.dumps({"encoder": ENCODER_NAME, "entries": cfg.entries, "tau": cfg.vocabulary_tau,
+                       "min_bigram_df": cfg.min_bigram_df}, sort_keys=True)
+    return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
+
+
+def load_vocabulary(
+    warehouse: str, manifest: dict, cfg: EncoderProposerConfig, log: Callable[[str], None] = lambda s: None
+) -> Vocabulary:
+    """The vocabulary of one index version, from the Delta `vocabulary` cache or built now (and cached).
+
+    Keyed by index version, so a new version gets its own membership; the embedding of a surface form never
+    changes, so vectors already computed for any version are reused and only new surface forms are encoded."""
+    version, key = int(manifest["index_version"]), vocabulary_key(cfg)
+    uri = tables.table_uri(warehouse, tables.VOCABULARY)
+    if table_exists(uri):
+        cached = read_table(uri, filters=[("index_version", "=", version), ("vocabulary_key", "=", key)])
+        if cached.num_rows:
+            return _as_vocabulary(cached)
+    started = time.perf_counter()
+    analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
+    stats = read_table(tables.table_uri(warehouse, tables.TERM_STATS), manifest["term_stats_table_version"],
+                       [("index_version", "=", version)], ["term", "df"])
+    term_dfs = dict(zip(stats.column("term").to_pylist(), stats.column("df").to_pylist()))
+    docs = read_table(tables.table_uri(warehouse, tables.DOCS), manifest["docs_table_version"],
+                      columns=["title", "text"])
+    texts = (index_text(t, x) for t, x in zip(docs.column("title").to_pylist(), docs.column("text").to_pylist()))
+    forms = surface_forms(texts, analyzer, bigrams=cfg.entries == "bigram")
+    entries = vocabulary_entries(term_dfs, forms, int(manifest["num_docs"]), cfg)
+    surfaces = [e.surface for e in entries]
+    known = _known_vectors(uri, surfaces)
+    todo = sorted({s for s in surfaces if s not in known})
+    log(f"vocabulary v{version}: {len(entries)} entries, {len(todo)} to encode ({len(known)} cached)")
+    if todo:
+        vectors = shared_encoder(cfg.max_tokens).encode(todo)
+        known.update(zip(todo, vectors))
+    rows = pa.Table.from_pydict({
+        "index_version": [version] * len(entries),
+        "vocabulary_key": [key] * len(entries),
+        "encoder": [ENCODER_NAME] * len(entries),
+        "term": [e.term for e in entries],
+        "surface": surfaces,
+        "df": [e.df for e in entries],
+        "embedding": [known[s].tolist() for s in surfaces],
+    }, schema=tables.VOCABULARY_SCHEMA)
+    if not entries:
+        log(f"vocabulary v{version}: no term has 1 <= DF <= {cfg.vocabulary_tau}*|C|: nothing to propose")
+        return _as_vocabulary(rows)
+    write_table(uri, rows, mode="append", partition_by=["index_version"])
+    log(f"vocabulary v{version}: cached in {time.perf_counter() - started:.1f} s")
+    return _as_vocabulary(rows)
+
+
+def _known_vectors(uri: str, surfaces: Sequence[str]) -> dict[str, np.ndarray]:
+    if not table_exists(uri):
+        return {}
+    t = read_table(uri, columns=["encoder", "surface", "embedding"])
+    t = t.filter(pc.and_(pc.equal(t["encoder"], ENCODER_NAME), pc.is_in(t["surface"], pa.array(list(surfaces)))))
+    return {s: np.asarray(v, dtype=np.float32) for s, v in zip(t["surface"].to_pylist(), t["embedding"].to_pylist())}
+
+
+def _as_vocabulary(rows: pa.Table) -> Vocabulary:
+    rows = rows.sort_by("term")
+    terms = rows.column("term").to_pylist()
+    keep = [i for i in range(len(terms)) if i == 0 or terms[i] != terms[i - 1]]  # two racing builds appended twice
+    rows = rows.take(pa.array(keep, pa.int64()))
+    flat = pc.list_flatten(rows.column("embedding").combine_chunks()).to_numpy(zero_copy_only=False)
+    vectors = flat.astype(np.float32).reshape(rows.num_rows, -1) if rows.num_rows else np.zeros((0, 384), np.float32)
+    return Vocabulary(rows.column("term").to_pylist(), rows.column("surface").to_pylist(),
+                      rows.column("df").to_numpy(), vectors)
+
+
+class EncoderProposer:
+    """A TermProposer: texts -> the nearest vocabulary entries each text lacks."""
+
+    def __init__(self, vocabulary: Vocabulary, cfg: EncoderProposerConfig, analyzer: Analyzer):
+        self.name = PROPOSER_NAME
+        self.version = cfg.version(ENCODER_NAME)
+        self.cfg, self.vocabulary, self.analyzer = cfg, vocabulary, analyzer
+        self.encoder = shared_encoder(cfg.max_tokens)
+
+    def propose(self, texts: Sequence[str]) -> list[Proposal]:
+        # A bigram entry is "held" only when the text has it; the analyzer's max_n may be 1, so add them here.
+        held = []
+        for text in texts:
+            tokens = self.analyzer.tokens(text)
+            held.append(set(tokens) | {a + NGRAM_SEPARATOR + b for a, b in zip(tokens, tokens[1:])})
+        return nearest_entries(self.encoder.encode(list(texts)), held, self.vocabulary, self.cfg)
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        return [len(e.ids) for e in self.encoder.tokenizer.encode_batch(list(texts))]
+
+
+class EncoderActor:
+    """Ray Data actor: {key..., prompt} batches -> proposals with the backends' output columns."""
+
+    def __init__(self, vocabulary: Vocabulary, cfg_json: str, analyzer_json: str):
+        self.proposer = EncoderProposer(vocabulary, EncoderProposerConfig.model_validate_json(cfg_json),
+                                        Analyzer(AnalyzerConfig.model_validate_json(analyzer_json)))
+
+    def __call__(self, batch):
+        texts = [str(t) for t in batch["prompt"]]
+        started = time.perf_counter()
+        try:
+            proposals = self.proposer.propose(texts)
+            tokens = self.proposer.token_counts(texts)
+        except Exception as exc:  # a failed batch is recorded per row and retried by the next run
+            proposals, tokens = [Proposal([], [], f"encoder: {type(exc).__name__}: {exc}") for _ in texts], [0] * len(texts)
+        per_row_ms = (time.perf_counter() - started) * 1000 / max(len(texts), 1)
+        out = batch.drop(columns=["prompt"])
+        out = out.assign(
+            raw_output=[json.dumps({"phrases": p.phrases, "weights": [round(w, 4) for w in p.weights]})
+                        if p.error is None else None for p in proposals],
+            proposed=[p.phrases for p in proposals],
+            weights=[p.weights for p in proposals],
+            input_tokens=tokens,
+            output_tokens=[0] * len(texts),
+            latency_ms=[per_row_ms] * len(texts),
+            error=[p.error for p in proposals],
+        )
+        return out
+
+
+def encoder_stage(vocabulary: Vocabulary, cfg: EncoderProposerConfig, analyzer_json: str,
+                  batch_size: int = 64, concurrency: int = 1) -> Callable:
+    def stage(ds):
+        # Fractional CPUs, as for the local LLM: a whole-CPU actor starves the read/write tasks on small machines.
+        return ds.map_batches(EncoderActor, fn_constructor_args=(vocabulary, cfg.model_dump_json(), analyzer_json),
+                              batch_size=batch_size, batch_format="pandas", concurrency=concurrency, num_cpus=0.5)
+    return stage

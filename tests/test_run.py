@@ -1,0 +1,107 @@
+"""`sira run`: the whole pipeline with the encoder proposer, MLflow on SQLite, stage reuse and stage failures
+(real Spark, Ray, Delta and MLflow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.llm_backends import BackendConfig
+from pipelines.tracking import TrackingConfig, flatten, metric_name
+from sira_core.proposers import EncoderProposerConfig
+
+pytestmark = pytest.mark.integration
+
+
+def test_metric_names_and_flattened_params():
+    assert metric_name("ndcg@10") == "ndcg_at_10"
+    flat = flatten({"backend": {"backend": "encoder", "encoder": {"proposals": 8}}, "variants": ["bm25", "doc"]})
+    assert flat == {"backend.backend": "encoder", "backend.encoder.proposals": "8", "variants": '["bm25", "doc"]'}
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlruns")
+    return TrackingConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}", experiment="tests", root=str(root))
+
+
+@pytest.fixture(scope="module")
+def run_cfg(tmp_path_factory, tiny_beir, tracking):
+    from jobs import run as run_job
+
+    backend = BackendConfig(backend="encoder", encoder=EncoderProposerConfig(proposals=4, vocabulary_tau=0.5))
+    wh = str(tmp_path_factory.mktemp("run") / "tiny")
+    return run_job.RunConfig(dataset=str(tiny_beir), warehouse=wh, shards=2, tau=0.25, backend=backend,
+                             tracking=tracking)
+
+
+@pytest.fixture(scope="module")
+def first_run(run_cfg, spark):
+    from jobs import run as run_job
+
+    return run_job.run(run_cfg)
+
+
+def test_run_evaluates_all_variants_and_logs_them_to_mlflow(first_run, run_cfg, tracking):
+    from mlflow.tracking import MlflowClient
+
+    assert list(first_run["variants"]) == ["bm25", "doc", "query", "sira"]
+    for variant, r in first_run["variants"].items():
+        assert set(r["metrics"]) == {"ndcg@10", "recall@10", "recall@100"} and r["variant"] == variant
+    assert first_run["enrichment"]["enriched"] == 12
+    client = MlflowClient(tracking_uri=tracking.tracking_uri)
+    exp = client.get_experiment_by_name("tests")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.info.run_id == first_run["mlflow_run_id"]][0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["sira.variant"] for r in children) == ["bm25", "doc", "query", "sira"]
+    assert parent.data.params["backend.backend"] == "encoder" and parent.data.params["tau"] == "0.25"
+    assert parent.data.metrics["enrich.enriched"] == 12 and "enrich.docs_per_second" in parent.data.metrics
+    sira = [r for r in children if r.data.tags["sira.variant"] == "sira"][0]
+    assert sira.data.metrics["ndcg_at_10"] == pytest.approx(first_run["variants"]["sira"]["metrics"]["ndcg@10"])
+    assert sira.data.params["variant"] == "sira" and "expansion.phrases_kept" in sira.data.metrics
+    child_artifacts = {a.path for a in client.list_artifacts(sira.info.run_id)}
+    assert child_artifacts == {"runs", "programs"}
+    assert client.list_artifacts(sira.info.run_id, "runs")[0].path.endswith(".trec")
+    parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"report.md", "enrichment_sample.json"} <= parent_artifacts
+
+
+def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
+    from jobs import run as run_job
+    from pipelines.shard_loader import published_versions
+
+    versions = len(published_versions(run_cfg.warehouse))
+    stages, _ = run_job.plan(run_cfg, "tiny", run_cfg.warehouse)
+    assert stages == ["evaluate bm25, doc, query, sira"]  # nothing left to ingest, index or enrich
+    again = run_job.run(run_cfg)
+    assert len(published_versions(run_cfg.warehouse)) == versions  # no index rebuilt
+    assert (again["enrichment"]["enriched"], again["enrichment"]["skipped"]) == (0, 12)
+    assert again["variants"]["sira"]["expansion"]["cached"] == 5
+    assert {v: r["metrics"] for v, r in again["variants"].items()} == \
+        {v: r["metrics"] for v, r in first_run["variants"].items()}
+
+
+def test_a_failing_stage_is_named(first_run, run_cfg, spark):
+    from jobs import run as run_job
+
+    bad = run_cfg.model_copy(update={"split": "nosuchsplit", "variants": ["bm25"],
+                                     "tracking": TrackingConfig(enabled=False)})
+    with pytest.raises(run_job.StageFailed, match=r"stage 'evaluate bm25' failed: .*nosuchsplit") as info:
+        run_job.run(bad)
+    assert info.value.stage == "evaluate bm25"
+
+
+def test_cli_run_prints_the_comparison(first_run, run_cfg, tmp_path, spark):
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    out = tmp_path / "run.json"
+    result = CliRunner().invoke(app, ["run", "--dataset", run_cfg.dataset, "-w", run_cfg.warehouse, "--shards", "2",
+                                      "--tau", "0.25", "--proposals", "4", "--variants", "bm25,query",
+                                      "--no-tracking", "--output-json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "nDCG@10" in result.output and "query" in result.output
+    assert set(json.loads(out.read_text())["variants"]) == {"bm25", "query"}
