@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("--entries", default="unigram,bigram")
     ap.add_argument("--tau", default="0.02,0.05,0.1")
     ap.add_argument("--w", default="0.25,0.5,1.0")
-    ap.add_argument("--only", help="JSON of one configuration (doc_n, query_n, entries, tau, w): report it")
+    ap.add_argument("--only", help="JSON of one configuration (doc_n, query_n, entries, tau, w) or a list of them: "
+                                   "report just these")
     ap.add_argument("--output-json")
     args = ap.parse_args()
 
@@ -114,7 +115,8 @@ def main() -> None:
 
     ids = [d[0] for d in docs]
     if args.only:
-        grid = [json.loads(args.only)]
+        only = json.loads(args.only)
+        grid = only if isinstance(only, list) else [only]
     else:
         grid = [dict(doc_n=dn, query_n=qn, entries=e, tau=t, w=w)
                 for dn, qn, e, t, w in itertools.product(_ints(args.doc_n), _ints(args.query_n),

@@ -134,7 +134,7 @@ def search(
     model: Optional[str] = typer.Option(None, help="--expand: model"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="--expand, openai: endpoint"),
     task: Optional[str] = typer.Option(None, help="--expand: prompt task (default: from the warehouse name)"),
-    w: float = typer.Option(0.5, help="--expand: weight of the expansion part"),
+    w: Optional[float] = typer.Option(None, help="--expand: weight of the expansion part (default: the proposer's)"),
     tau: float = typer.Option(0.05, help="--expand: query-side DF filter"),
     explain: bool = typer.Option(False, "--explain", help="show each hit's per-term contributions"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
@@ -166,7 +166,8 @@ def search(
             decisions = query_side_filter(proposal.phrases, searcher.analyzer, load_df_table(warehouse, manifest).lookup,
                                           manifest["num_docs"], tau)
             proposer, weights = cfg.model_id(), proposal.weight_of()
-        program = RetrievalProgram.build(text, searcher.analyzer, decisions, w=w, must=must, exclude=exclude,
+            w = w if w is not None else cfg.default_w()
+        program = RetrievalProgram.build(text, searcher.analyzer, decisions, w=0.5 if w is None else w, must=must, exclude=exclude,
                                          proposer=proposer, index_version=manifest["index_version"], weights=weights)
     hits = searcher.run_program(program, k=k, explain=explain)
     if as_json:
@@ -207,7 +208,7 @@ def query(
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
     task: str = typer.Option("generic"),
-    w: float = typer.Option(0.5),
+    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
     tau: float = typer.Option(0.05),
     index_version: Optional[int] = typer.Option(None, "--index-version"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address"),
@@ -241,7 +242,7 @@ def serve(
     model: Optional[str] = typer.Option(None, help="query-side model"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     timeout_s: float = typer.Option(10.0, "--timeout-s", help="openai: per-attempt timeout of an expansion"),
-    w: float = typer.Option(0.5, help="weight of the expansion part"),
+    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
     tau: float = typer.Option(0.05, help="query-side DF filter"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
@@ -266,7 +267,7 @@ def eval_(
     split: str = typer.Option("test"),
     variant: str = typer.Option("bm25", help="bm25 | doc (corpus side) | query (query side) | sira (both)"),
     tau: float = typer.Option(0.05),
-    w: float = typer.Option(0.5, help="weight of the expansion part"),
+    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the dataset name)"),
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend",
@@ -313,7 +314,7 @@ def run(
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
     tau: float = typer.Option(0.05),
-    w: float = typer.Option(0.5, help="weight of the expansion part"),
+    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
     shards: int = typer.Option(4),
     spark_master: str = typer.Option("local[*]", "--spark-master"),
     tracking_uri: Optional[str] = TrackingUri,
@@ -343,6 +344,61 @@ def run(
         table.add_row(variant, f"{m['ndcg@10']:.4f}", f"{m['recall@10']:.4f}", f"{m['recall@100']:.4f}", delta)
     stdout.print(table)
     _write_json(summary, output_json)
+
+
+@app.command()
+def sweep(
+    dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
+    split: str = typer.Option(..., help="train | dev: the split the setting is selected on (never test)"),
+    param: list[str] = typer.Option(..., "--param", help="NAME=V1,V2 for tau, w or n (n-gram order); repeatable"),
+    variant: str = typer.Option("sira", help="bm25 | doc | query | sira"),
+    metric: str = typer.Option("ndcg@10", help="selection metric"),
+    warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
+    preset: str = typer.Option("sira"),
+    backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
+    doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer"),
+    model: Optional[str] = typer.Option(None),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url"),
+    shards: int = typer.Option(4),
+    tracking_uri: Optional[str] = TrackingUri,
+    experiment: str = typer.Option("sira", help="MLflow experiment"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Grid over tau / w / n-gram order, selected on train or dev, the choice evaluated once on test."""
+    from jobs import sweep as job
+    from pipelines.tracking import TrackingConfig
+
+    grid = dict(job.parse_param(p) for p in param)
+    doc = None if doc_backend is None else _backend(doc_backend, model, base_url)
+    summary = job.run(job.SweepConfig(dataset=dataset, warehouse=warehouse, preset=preset, split=split, variant=variant,
+                                      grid=grid, metric=metric, backend=_backend(backend, model, base_url),
+                                      doc_backend=doc, shards=shards,
+                                      tracking=TrackingConfig(tracking_uri=tracking_uri, experiment=experiment)))
+    table = Table(title=f"sweep {dataset} ({variant}): selected on {split} by {metric}")
+    table.add_column("setting")
+    table.add_column(f"{metric} ({split})")
+    for t in summary["tried"]:
+        mark = " <- selected" if t["point"] == summary["selected"] else ""
+        table.add_row(str(t["point"]) + mark, f"{t['metrics'][metric]:.4f}")
+    stdout.print(table)
+    stdout.print(f"test ({summary['test']['split']}): " + "  ".join(f"{k} {v:.4f}" for k, v in summary["test"]["metrics"].items()))
+    _write_json(summary, output_json)
+
+
+@app.command()
+def report(
+    output_dir: Path = typer.Option(Path("reports"), "--output-dir", help="report.md and PNG plots go here"),
+    dataset: list[str] = typer.Option([], "--dataset", help="limit to these datasets (repeatable)"),
+    tracking_uri: Optional[str] = TrackingUri,
+    experiment: str = typer.Option("sira", help="MLflow experiment"),
+):
+    """Markdown report and plots: our variants per dataset (newest `sira run` each) beside published references."""
+    from jobs import report as job
+    from pipelines.tracking import TrackingConfig
+
+    summary = job.run(job.ReportConfig(output_dir=str(output_dir), datasets=dataset or None,
+                                       tracking=TrackingConfig(tracking_uri=tracking_uri, experiment=experiment)))
+    stdout.print(f"wrote {summary['report']} and {len(summary['plots'])} plots ({', '.join(summary['datasets'])})")
 
 
 def main() -> None:

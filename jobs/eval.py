@@ -40,7 +40,7 @@ class EvalConfig(BaseModel):
     tau: float = Field(0.05, gt=0, le=1)
     depth: int = Field(1000, ge=100, description="hits kept per query (the TREC run depth)")
     spark_master: str = "local[*]"
-    w: float = Field(0.5, ge=0, description="weight of the expansion part")
+    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
     task: str | None = Field(None, description="prompt task; default: chosen from the dataset name")
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
                                    description="query-side proposer")
@@ -48,6 +48,10 @@ class EvalConfig(BaseModel):
         None, description="corpus-side proposer, run incrementally before indexing; None: index the warehouse's "
                           "enrichment as it stands (the encoder proposer when there is none)")
     ray_address: str | None = None
+
+    @property
+    def resolved_w(self) -> float:
+        return self.w if self.w is not None else self.backend.default_w()
 
     @property
     def enriched(self) -> bool:
@@ -101,8 +105,8 @@ def _fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str,
         manifest = find_index(warehouse, preset=preset, enriched=enriched)
         fresh = manifest["docs_table_version"] == docs_version and (not enriched or (
             manifest["enrichment_table_version"] == enrichment_version and manifest["tau"] == tau
-            and manifest.get("enrichment_model") == model
-            and manifest.get("enrichment_prompt_version") == prompt_version))
+            and (any_model or (manifest.get("enrichment_model") == model
+                               and manifest.get("enrichment_prompt_version") == prompt_version))))
         if fresh:
             return manifest
         console.log(f"index v{manifest['index_version']} is stale (built from other docs/enrichment versions or tau)")
@@ -136,7 +140,7 @@ def build_programs(cfg: EvalConfig, dataset_name: str, warehouse: str, searcher,
     df_table = load_df_table(warehouse, manifest)
     for qid, text in queries.items():
         programs[qid] = expansion_program(text, searcher.analyzer, proposals[qid], df_table.lookup,
-                                          manifest["num_docs"], cfg.tau, cfg.w, summary["model"],
+                                          manifest["num_docs"], cfg.tau, cfg.resolved_w, summary["model"],
                                           manifest["index_version"], summary["prompt_version"])
     kept = sum(e.kept for p in programs.values() for e in p.expansions)
     programs.summary = {**summary, "phrases_proposed": sum(len(p.phrases) for p in proposals.values()),
@@ -172,13 +176,17 @@ def run(cfg: EvalConfig) -> dict:
     write_trec_run(run_hits, run_path, tag)
     programs_path = run_path.with_suffix(".programs.jsonl")
     programs_path.write_text("".join(programs[q].model_dump_json() + "\n" for q in qids), encoding="utf-8")
+    metrics = evaluate_run(qrels, run_hits, DEFAULT_METRICS)
+    answers = dataset.answers(cfg.split)
+    if answers:  # datasets that carry gold answers: does the answer string appear in the top-k passages?
+        metrics.update(_answer_coverage(warehouse, run_hits, answers))
     return {
         "dataset": dataset.name,
         "split": cfg.split,
         "preset": cfg.preset,
         "variant": cfg.variant,
         "num_queries": len(queries),
-        "metrics": evaluate_run(qrels, run_hits, DEFAULT_METRICS),
+        "metrics": metrics,
         "index_version": manifest["index_version"],
         "warehouse": warehouse,
         "run_file": str(run_path),
@@ -186,3 +194,19 @@ def run(cfg: EvalConfig) -> dict:
         "expansion": getattr(programs, "summary", None),
         "queries_per_second": len(queries) / seconds if seconds > 0 else None,
     }
+
+
+def _answer_coverage(warehouse: str, run_hits: dict, answers: dict[str, list[str]], ks=(10, 100)) -> dict[str, float]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipelines.delta_io import read_table
+    from sira_core.analysis import index_text
+    from sira_core.metrics import answer_coverage
+
+    wanted = sorted({d for q in answers for d, _ in sorted(run_hits.get(q, {}).items(), key=lambda kv: -kv[1])[:max(ks)]})
+    docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "title", "text"])
+    docs = docs.filter(pc.is_in(docs["doc_id"], value_set=pa.array(wanted, pa.string())))
+    passages = {d: index_text(t, x) for d, t, x in zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist(),
+                                                      docs["text"].to_pylist())}
+    return {f"answer_coverage@{k}": answer_coverage(run_hits, answers, passages, k) for k in ks}

@@ -34,7 +34,7 @@ class QueryConfig(BaseModel):
     expand: bool = True
     backend: BackendConfig = Field(default_factory=BackendConfig)
     task: str = "generic"
-    w: float = Field(0.5, ge=0)
+    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
     tau: float = Field(0.05, gt=0, le=1)
     index_version: int | None = None
     preset: str | None = None
@@ -105,7 +105,8 @@ def run(cfg: QueryConfig) -> dict:
             for start in range(0, len(qids), cfg.batch_size):
                 batch = qids[start : start + cfg.batch_size]
                 programs = [expansion_program(
-                    todo[q], analyzer, proposals[q], df_table.lookup, manifest["num_docs"], cfg.tau, cfg.w,
+                    todo[q], analyzer, proposals[q], df_table.lookup, manifest["num_docs"], cfg.tau,
+                    cfg.w if cfg.w is not None else cfg.backend.default_w(),
                     (expansion or {}).get("model", ""), manifest["index_version"],
                     (expansion or {}).get("prompt_version")) for q in batch]
                 compiled = [compile_query(p.parts()) for p in programs]

@@ -45,7 +45,7 @@ class RunConfig(BaseModel):
                                    description="query-side proposer")
     doc_backend: BackendConfig | None = Field(None, description="corpus-side proposer (default: the query side's)")
     tau: float = Field(0.05, gt=0, le=1)
-    w: float = Field(0.5, ge=0)
+    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
     shards: int = Field(4, ge=1)
     depth: int = Field(1000, ge=100)
     spark_master: str = "local[*]"
@@ -55,6 +55,24 @@ class RunConfig(BaseModel):
     @property
     def corpus_backend(self) -> BackendConfig:
         return self.doc_backend or self.backend
+
+    def command(self) -> str:
+        """The command line that reproduces this run (options left at their defaults are omitted)."""
+        parts = ["sira run", f"--dataset {self.dataset}"]
+        default = RunConfig()
+        for name, flag in (("warehouse", "--warehouse"), ("preset", "--preset"), ("split", "--split"),
+                           ("tau", "--tau"), ("w", "--w"), ("shards", "--shards")):
+            if getattr(self, name) != getattr(default, name):
+                parts.append(f"{flag} {getattr(self, name)}")
+        if self.variants != default.variants:
+            parts.append("--variants " + ",".join(self.variants))
+        if self.backend != default.backend:
+            parts.append(f"--backend {self.backend.backend}")
+            if self.backend.model:
+                parts.append(f"--model {self.backend.model}")
+        if self.doc_backend is not None:
+            parts.append(f"--doc-backend {self.doc_backend.backend}")
+        return " ".join(parts)
 
 
 def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
@@ -131,7 +149,8 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
             timings[name] = time.perf_counter() - t
 
     with tracker.run(f"run {dataset.name}/{cfg.split}", params=cfg,
-                     tags={"sira.job": "run", "sira.dataset": dataset.name}) as parent_id:
+                     tags={"sira.job": "run", "sira.dataset": dataset.name, "sira.split": cfg.split,
+                           "sira.command": cfg.command()}) as parent_id:
         stage("index (plain)", lambda: eval_job.ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards,
                                                              cfg.spark_master))
         enrich_summary = None

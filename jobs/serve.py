@@ -26,7 +26,7 @@ class ServeConfig(BaseModel):
     max_k: int = Field(1000, ge=1, le=100_000)
     max_concurrent: int = Field(32, ge=1, description="searches in flight; more are answered 429")
     backend: BackendConfig | None = Field(None, description="query-side proposer for `expand`; None: no expansion")
-    w: float = Field(0.5, ge=0, description="weight of the expansion part")
+    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
     tau: float = Field(0.05, gt=0, le=1, description="query-side DF filter")
     task: str | None = Field(None, description="prompt task; default: from the warehouse folder's name "
                                                "(warehouses/<dataset>, as `sira eval` lays them out)")
@@ -54,7 +54,9 @@ def run(cfg: ServeConfig) -> None:
 
     limits = Limits(cfg.max_query_chars, cfg.max_k, cfg.max_concurrent, cfg.api_token())
     task = cfg.task or task_for_dataset(PurePosixPath(cfg.warehouse.rstrip("/")).name)
-    service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task, cfg.w, cfg.tau,
+    service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task,
+                                   cfg.w if cfg.w is not None else (cfg.backend.default_w() if cfg.backend else 0.5),
+                                  cfg.tau,
                                   cfg.ray_address)
     m = service.manifest
     if limits.api_token is None and not _is_loopback(cfg.host):

@@ -91,10 +91,10 @@ def load_vocabulary(
 
 
 def _known_vectors(uri: str, surfaces: Sequence[str]) -> dict[str, np.ndarray]:
-    if not table_exists(uri):
+    if not surfaces or not table_exists(uri):
         return {}
     t = read_table(uri, columns=["encoder", "surface", "embedding"])
-    t = t.filter(pc.and_(pc.equal(t["encoder"], ENCODER_NAME), pc.is_in(t["surface"], pa.array(list(surfaces)))))
+    t = t.filter(pc.and_(pc.equal(t["encoder"], ENCODER_NAME), pc.is_in(t["surface"], pa.array(list(surfaces), pa.string()))))
     return {s: np.asarray(v, dtype=np.float32) for s, v in zip(t["surface"].to_pylist(), t["embedding"].to_pylist())}
 
 

@@ -64,6 +64,13 @@ class BackendConfig(BaseModel):
             return DEFAULT_LOCAL_MODEL
         raise ValueError(f"backend {self.backend!r} needs --model")
 
+    def default_w(self) -> float:
+        """The expansion weight measured for this proposer: encoder 0.25, LLMs the paper's 0.5."""
+        from sira_core.program import DEFAULT_W
+        from sira_core.proposers import ENCODER_DEFAULT_W
+
+        return ENCODER_DEFAULT_W if self.backend == "encoder" else DEFAULT_W
+
     def proposal_version(self, template_version: str) -> str:
         """What keys a proposal besides the model: the prompt's version, or the encoder settings' hash."""
         if self.backend == "encoder":

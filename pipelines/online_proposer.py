@@ -128,4 +128,10 @@ def propose_once(warehouse: str, backend: BackendConfig, task: str, query: str,
         finally:
             await proposer.close()
 
-    return asyncio.run(ask())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(ask())
+    # Called from inside an event loop (a notebook): run the expansion on a loop of its own.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, ask()).result()

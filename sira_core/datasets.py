@@ -124,6 +124,23 @@ class BeirDataset:
             raise ValueError(f"{self.name}/{split}: {len(missing)} judged queries have no text, e.g. {missing[:3]}")
         return {q: texts[q] for q in qids}
 
+    def answers(self, split: str | None = None) -> dict[str, list[str]]:
+        """Gold answer strings per query, for datasets whose queries carry them (`answers` / `answer`, at the top
+        level or under `metadata`); empty when the dataset has none."""
+        path = _first_existing(self.path, "queries.jsonl.gz", "queries.jsonl")
+        out: dict[str, list[str]] = {}
+        for _, line in iter_lines(path):
+            obj = json.loads(line)
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            value = next((src[k] for src in (obj, meta) for k in ("answers", "answer") if src.get(k)), None)
+            if value:
+                values = value if isinstance(value, list) else [value]
+                out[str(obj["_id"])] = [str(v) for v in values if str(v).strip()]
+        if split is not None:
+            judged = self.qrels(split)
+            out = {q: a for q, a in out.items() if q in judged}
+        return out
+
 
 def _first_existing(folder: Path, *names: str) -> Path:
     for n in names:

@@ -29,6 +29,31 @@ def evaluate_run(qrels: Mapping[str, Mapping[str, int]], run: RunDict, metrics: 
     return {m: float(result[m]) * scale for m in metrics}
 
 
+def _normalise(text: str) -> str:
+    """Lowercase, punctuation to spaces, single spaces (the usual open-domain QA answer matching)."""
+    import re
+    import unicodedata
+
+    text = unicodedata.normalize("NFKD", text)
+    text = "".join(ch for ch in text if not unicodedata.combining(ch)).lower()
+    return " ".join(re.sub(r"[^\w\s]", " ", text).split())
+
+
+def answer_coverage(run: RunDict, answers: Mapping[str, Sequence[str]], passages: Mapping[str, str],
+                    k: int = 10) -> float:
+    """Share of the queries with gold answers whose top-k passages contain any answer string (normalised,
+    whole words). A query without hits counts as not covered."""
+    if not answers:
+        raise ValueError("no query carries gold answers")
+    covered = 0
+    for qid, golds in answers.items():
+        targets = [f" {_normalise(a)} " for a in golds if _normalise(a)]
+        top = sorted(run.get(qid, {}).items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+        texts = [f" {_normalise(passages.get(doc, ''))} " for doc, _ in top]
+        covered += any(t in text for t in targets for text in texts)
+    return covered / len(answers)
+
+
 def write_trec_run(run: RunDict, path: str | Path, tag: str) -> None:
     """Standard 6-column TREC run: qid Q0 docno rank score tag."""
     lines = []

@@ -49,7 +49,17 @@ PRESETS: dict[str, IndexPreset] = {
 
 
 def get_preset(name: str) -> IndexPreset:
+    """A named preset, or a derived one: `NAME@n=K` is NAME with word n-grams up to K (the sweep's n-gram order)."""
+    base, _, override = name.partition("@")
     try:
-        return PRESETS[name]
+        preset = PRESETS[base]
     except KeyError:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
+        raise ValueError(f"unknown preset {base!r}; choose one of {sorted(PRESETS)}") from None
+    if not override:
+        return preset
+    key, _, value = override.partition("=")
+    if key != "n" or not value.isdigit() or not 1 <= int(value) <= 4:
+        raise ValueError(f"preset {name!r}: the only override is @n=K with K in 1..4")
+    analyzer = preset.analyzer.model_copy(update={"max_n": int(value)})
+    return preset.model_copy(update={"name": name, "analyzer": analyzer,
+                                     "description": f"{preset.description}; word n-grams up to {value}"})

@@ -48,10 +48,11 @@ class EncoderProposerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    proposals: int = Field(10, ge=1, le=64, description="phrases proposed per text")
+    # Defaults chosen on scifact train + nfcorpus dev (bench/select_encoder_proposer.py; README "Encoder proposer").
+    proposals: int = Field(5, ge=1, le=64, description="phrases proposed per text")
     min_similarity: float = Field(0.2, ge=-1, lt=1, description="cosine below which nothing is proposed")
     entries: Literal["unigram", "bigram"] = Field(
-        "unigram", description="vocabulary entries: analysed unigrams, or unigrams and bigrams")
+        "bigram", description="vocabulary entries: analysed unigrams, or unigrams and bigrams")
     vocabulary_tau: float = Field(0.05, gt=0, le=1, description="entries have 1 <= DF <= vocabulary_tau*|C|")
     min_bigram_df: int = Field(2, ge=1, description="bigram entries seen in fewer docs are noise")
     max_tokens: int = Field(256, ge=8, le=512, description="encoder input length (all-MiniLM-L6-v2 was trained on 256)")
@@ -60,6 +61,10 @@ class EncoderProposerConfig(BaseModel):
         blob = json.dumps({"encoder": encoder, **self.model_dump()}, sort_keys=True)
         return "enc-" + hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
 
+
+# The expansion weight w that goes with the encoder proposer (chosen with the settings above); LLM proposers keep
+# the paper's 0.5 (sira_core.program.DEFAULT_W).
+ENCODER_DEFAULT_W = 0.25
 
 _HAS_LETTER = re.compile(r"[^\W\d_]")
 

@@ -34,6 +34,8 @@ TINY_QUERIES = {
 }
 TINY_QRELS = {"q1": {"d01": 1, "d02": 1}, "q2": {"d05": 2, "d12": 1}, "q3": {"d10": 1, "d06": 1}, "q4": {"d09": 1},
               "q5": {"d03": 1}}
+# A train split for selection tests (sweeps select on it, never on test).
+TINY_TRAIN_QRELS = {"q1": {"d01": 1}, "q2": {"d05": 1}, "q3": {"d06": 1}, "q4": {"d09": 1}}
 
 
 def write_beir_folder(root: Path, docs=TINY_DOCS, queries=TINY_QUERIES, qrels=TINY_QRELS, split="test") -> Path:
@@ -52,7 +54,8 @@ def write_beir_folder(root: Path, docs=TINY_DOCS, queries=TINY_QUERIES, qrels=TI
 
 @pytest.fixture(scope="session")
 def tiny_beir(tmp_path_factory) -> Path:
-    return write_beir_folder(tmp_path_factory.mktemp("data") / "tiny")
+    folder = write_beir_folder(tmp_path_factory.mktemp("data") / "tiny")
+    return write_beir_folder(folder, qrels=TINY_TRAIN_QRELS, split="train")
 
 
 @pytest.fixture(scope="session")

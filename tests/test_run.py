@@ -105,3 +105,64 @@ def test_cli_run_prints_the_comparison(first_run, run_cfg, tmp_path, spark):
     assert result.exit_code == 0, result.output
     assert "nDCG@10" in result.output and "query" in result.output
     assert set(json.loads(out.read_text())["variants"]) == {"bm25", "query"}
+
+
+def test_report_reads_mlflow_and_plots(first_run, tracking, tmp_path):
+    from jobs import report as report_job
+
+    summary = report_job.run(report_job.ReportConfig(output_dir=str(tmp_path / "report"), tracking=tracking))
+    text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert summary["datasets"] == ["tiny"] and (tmp_path / "report" / "tiny.png").stat().st_size > 0
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking.tracking_uri)
+    newest = client.search_runs([client.get_experiment_by_name("tests").experiment_id], "tags.`sira.job` = 'run'",
+                                order_by=["attributes.start_time DESC"])[0]
+    assert newest.info.run_id in text and "`sira run --dataset " in text  # the newest `sira run` of the dataset
+    for variant, r in first_run["variants"].items():  # every run of this config has the same metrics
+        assert f"| ours: {variant} | {r['metrics']['ndcg@10']:.4f} |" in text
+
+
+def test_sweep_selects_on_train_and_evaluates_the_choice_once_on_test(first_run, run_cfg, tracking, spark):
+    from mlflow.tracking import MlflowClient
+    from pydantic import ValidationError
+
+    from jobs import sweep as sweep_job
+
+    cfg = sweep_job.SweepConfig(dataset=run_cfg.dataset, warehouse=run_cfg.warehouse, split="train", variant="query",
+                                grid={"w": [0.0, 1.0], "tau": [0.25]}, backend=run_cfg.backend, shards=2,
+                                tracking=tracking)
+    summary = sweep_job.run(cfg)
+    train = {t["point"]["w"]: t["metrics"]["ndcg@10"] for t in summary["tried"]}
+    assert set(train) == {0.0, 1.0}
+    assert summary["selected"]["w"] == max(train, key=lambda w: (train[w], -w))  # best on train, ties to the first
+    assert set(summary["test"]["metrics"]) == {"ndcg@10", "recall@10", "recall@100"}
+    client = MlflowClient(tracking_uri=tracking.tracking_uri)
+    children = client.search_runs([client.get_experiment_by_name("tests").experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{summary['mlflow_run_id']}'")
+    assert sorted(c.data.tags["sira.split"] for c in children) == ["test", "train", "train"]
+    with pytest.raises(ValidationError):
+        sweep_job.SweepConfig(dataset=run_cfg.dataset, split="test", grid={"w": [0.5]})
+    with pytest.raises(ValidationError, match="cannot sweep"):
+        sweep_job.SweepConfig(dataset=run_cfg.dataset, split="dev", grid={"k1": [1.2]})
+
+
+def test_walkthrough_notebook_executes(first_run, run_cfg, monkeypatch, spark):
+    from pathlib import Path
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("SIRA_NOTEBOOK_DATASET", run_cfg.dataset)
+    monkeypatch.setenv("SIRA_NOTEBOOK_WAREHOUSE", run_cfg.warehouse)
+    monkeypatch.setenv("SIRA_NOTEBOOK_QUERY", "heart attack risk")
+    monkeypatch.setenv("SIRA_NOTEBOOK_SHARDS", "2")
+    monkeypatch.setenv("SIRA_NOTEBOOK_TAU", "0.25")
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    nb = nbformat.read(root / "notebooks" / "scifact_walkthrough.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(str(o.get("data", {}).get("text/plain", "")) + o.get("text", "") for o in outputs)
+    assert "d01" in text and "ndcg@10" in text
