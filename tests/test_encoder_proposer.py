@@ -49,7 +49,7 @@ def test_vocabulary_entries_bounds_and_surface_forms():
     texts = ["Running runners run", "The runner ran 2024 races", "Heart attack", "heart attacks kill", "cats", "cat"]
     forms = surface_forms(texts, analyzer, bigrams=True)
     term_dfs = Counter(t for text in texts for t in set(analyzer.terms(text)))
-    uni = vocabulary_entries(term_dfs, forms, len(texts), EncoderProposerConfig(vocabulary_tau=0.34))
+    uni = vocabulary_entries(term_dfs, forms, len(texts), EncoderProposerConfig(vocabulary_tau=0.34, entries="unigram"))
     by_term = {e.term: e for e in uni}
     assert "2024" not in by_term  # no letters
     assert all(1 <= e.df <= 0.34 * len(texts) for e in uni)
