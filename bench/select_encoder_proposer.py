@@ -26,14 +26,14 @@ from ranx import Qrels, Run, compare, evaluate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.encoder import MiniLMEncoder  # noqa: E402
-from sira_core.analysis import NGRAM_SEPARATOR, Analyzer, index_text, ngrams  # noqa: E402
+from sira_core.analysis import Analyzer, index_text, ngrams  # noqa: E402
 from sira_core.datasets import resolve_dataset  # noqa: E402
 from sira_core.dfstats import query_side_filter  # noqa: E402
 from sira_core.memory_index import build_searcher  # noqa: E402
 from sira_core.presets import get_preset  # noqa: E402
 from sira_core.program import RetrievalProgram  # noqa: E402
-from sira_core.proposers import (EncoderProposerConfig, Vocabulary, nearest_entries, surface_forms,  # noqa: E402
-                                 vocabulary_entries)
+from sira_core.proposers import (EncoderProposerConfig, Vocabulary, held_terms, nearest_entries,  # noqa: E402
+                                 surface_forms, vocabulary_entries)
 
 METRICS = ["ndcg@10", "recall@10", "recall@100"]
 
@@ -49,11 +49,6 @@ def cached_encode(encoder: MiniLMEncoder, texts: list[str], path: Path) -> np.nd
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, vecs)
     return vecs
-
-
-def held_terms(analyzer: Analyzer, text: str) -> set[str]:
-    tokens = analyzer.tokens(text)
-    return set(tokens) | {a + NGRAM_SEPARATOR + b for a, b in zip(tokens, tokens[1:])}
 
 
 def main() -> None:

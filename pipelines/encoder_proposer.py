@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 from pipelines.delta_io import read_table, table_exists, write_table
 from pipelines.encoder import ENCODER_NAME, MiniLMEncoder
 from sira_core import tables
-from sira_core.analysis import NGRAM_SEPARATOR, Analyzer, AnalyzerConfig, index_text
-from sira_core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, nearest_entries, surface_forms,
-                                 vocabulary_entries)
+from sira_core.analysis import Analyzer, AnalyzerConfig, index_text
+from sira_core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
+                                 surface_forms, vocabulary_entries)
 
 PROPOSER_NAME = f"encoder:{ENCODER_NAME}"
 
@@ -119,11 +119,7 @@ class EncoderProposer:
         self.encoder = shared_encoder(cfg.max_tokens)
 
     def propose(self, texts: Sequence[str]) -> list[Proposal]:
-        # A bigram entry is "held" only when the text has it; the analyzer's max_n may be 1, so add them here.
-        held = []
-        for text in texts:
-            tokens = self.analyzer.tokens(text)
-            held.append(set(tokens) | {a + NGRAM_SEPARATOR + b for a, b in zip(tokens, tokens[1:])})
+        held = [held_terms(self.analyzer, text) for text in texts]
         return nearest_entries(self.encoder.encode(list(texts)), held, self.vocabulary, self.cfg)
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:

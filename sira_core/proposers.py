@@ -40,7 +40,7 @@ class TermProposer(Protocol):
     name: str     # recorded as `model` in the proposals tables
     version: str  # recorded as `prompt_version`: a change re-proposes everything
 
-    def propose(self, texts: Sequence[str], text_terms: Sequence[set[str]]) -> list[Proposal]: ...
+    def propose(self, texts: Sequence[str]) -> list[Proposal]: ...
 
 
 class EncoderProposerConfig(BaseModel):
@@ -109,6 +109,13 @@ def vocabulary_entries(
             continue
         out.append(VocabularyEntry(term, surface, df))
     return sorted(out, key=lambda e: e.term)
+
+
+def held_terms(analyzer: Analyzer, text: str) -> set[str]:
+    """The unigrams and adjacent bigrams a text holds: what a proposal must not repeat (bigram entries are
+    checked even when the index's max_n is 1)."""
+    tokens = analyzer.tokens(text)
+    return set(tokens) | {a + NGRAM_SEPARATOR + b for a, b in zip(tokens, tokens[1:])}
 
 
 @dataclass
