@@ -32,15 +32,18 @@ def _write_json(summary: dict, path: Optional[Path]) -> None:
 def ingest(
     source: str = typer.Argument(..., help="beir:NAME, a BEIR folder, a .jsonl[.gz] or a .parquet file"),
     warehouse: str = Warehouse,
+    merge: bool = typer.Option(False, "--merge", help="MERGE into the current docs table (inserts, updates, deletes "
+                                                      "by content hash) instead of replacing it"),
     output_json: Optional[Path] = OutputJson,
 ):
     """Validate a corpus and write the Delta `docs` table; bad records go to `rejected` with the reason."""
     from jobs import ingest as job
 
-    summary = job.run(job.IngestConfig(source=source, warehouse=warehouse))
+    summary = job.run(job.IngestConfig(source=source, warehouse=warehouse, mode="merge" if merge else "replace"))
     console.print(
         f"read {summary['read']}  kept {summary['kept']}  rejected {summary['rejected']}"
         + (f"  {summary['rejected_by_reason']}" if summary["rejected"] else "")
+        + ("  " + "  ".join(f"{k} {v}" for k, v in summary["changes"].items()) if "changes" in summary else "")
     )
     _write_json(summary, output_json)
 
@@ -211,6 +214,7 @@ def query(
     w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
     tau: float = typer.Option(0.05),
     index_version: Optional[int] = typer.Option(None, "--index-version"),
+    batch_size: int = typer.Option(256, "--batch-size", help="queries per scoring round and per runs-table commit"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address"),
     output_json: Optional[Path] = OutputJson,
 ):
@@ -219,7 +223,8 @@ def query(
 
     summary = job.run(job.QueryConfig(warehouse=warehouse, queries=queries, out=out, run_id=run_id, k=k, expand=expand,
                                       backend=_backend(backend, model, base_url, proposals, entries),
-                                      task=task, w=w, tau=tau, index_version=index_version, ray_address=ray_address))
+                                      task=task, w=w, tau=tau, index_version=index_version, batch_size=batch_size,
+                                      ray_address=ray_address))
     stdout.print(f"run {summary['run_id']}: scored {summary['scored']}, skipped {summary['skipped']} "
                  f"-> {summary['run_file']}")
     _write_json(summary, output_json)
@@ -246,6 +251,9 @@ def serve(
     tau: float = typer.Option(0.05, help="query-side DF filter"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
+    follow: Optional[bool] = typer.Option(None, "--follow/--no-follow", help="switch to newer published versions "
+                                                                        "(default: unless --index-version pins one)"),
+    poll_s: float = typer.Option(30.0, "--poll-s", help="seconds between checks for a newer version"),
 ):
     """Serve POST /search and GET /health over HTTP; shards are held by Ray actors, queried scatter-gather."""
     from jobs import serve as job
@@ -257,7 +265,24 @@ def serve(
     job.run(job.ServeConfig(warehouse=warehouse, host=host, port=port, index_version=index_version, preset=preset,
                             api_token_env=api_token_env, max_query_chars=max_query_chars, max_k=max_k,
                             max_concurrent=max_concurrent, backend=proposer, w=w, tau=tau, task=task,
-                            ray_address=ray_address))
+                            ray_address=ray_address, follow=follow, poll_s=poll_s))
+
+
+RerankBackend = typer.Option(None, "--rerank-backend", help="sira+rerank: the LLM judge, openai | local")
+RerankModel = typer.Option(None, "--rerank-model", help="sira+rerank: the judge's model (default: --model when "
+                                                         "--rerank-backend is --backend; local: the packaged one)")
+RerankDepth = typer.Option(20, "--rerank-depth", help="sira+rerank: first-stage hits judged per query")
+
+
+def _reranker(backend: str | None, model: str | None, base_url: str, depth: int):
+    """The sira+rerank reranker from command-line options; None without --rerank-backend."""
+    if backend is None:
+        return None
+    from pipelines.rerank import RerankConfig, judge_backend
+
+    if backend == "openai" and model is None:
+        raise ValueError("--rerank-backend openai needs --rerank-model (the endpoint's model id)")
+    return RerankConfig(backend=judge_backend(backend, model, base_url), depth=depth)
 
 
 @app.command("eval")
@@ -265,7 +290,8 @@ def eval_(
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     split: str = typer.Option("test"),
-    variant: str = typer.Option("bm25", help="bm25 | doc (corpus side) | query (query side) | sira (both)"),
+    variant: str = typer.Option("bm25", help="bm25 | doc (corpus side) | query (query side) | sira (both) | "
+                                             "sira+rerank (sira, then an LLM judges its top-k; needs --rerank-backend)"),
     tau: float = typer.Option(0.05),
     w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the dataset name)"),
@@ -279,6 +305,9 @@ def eval_(
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     shards: int = typer.Option(4),
     spark_master: str = typer.Option("local[*]", "--spark-master"),
+    rerank_backend: Optional[str] = RerankBackend,
+    rerank_model: Optional[str] = RerankModel,
+    rerank_depth: int = RerankDepth,
     output_json: Optional[Path] = OutputJson,
 ):
     """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
@@ -287,7 +316,9 @@ def eval_(
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
     summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau, w=w, task=task,
                                      backend=_backend(backend, model, base_url, proposals, entries), doc_backend=doc,
-                                     warehouse=warehouse, shards=shards, spark_master=spark_master))
+                                     warehouse=warehouse, shards=shards, spark_master=spark_master,
+                                     rerank=_reranker(rerank_backend, rerank_model or (model if rerank_backend == backend else None),
+                                                      base_url, rerank_depth)))
     table = Table(title=f"{summary['dataset']} / {summary['split']} / {summary['preset']} / {summary['variant']} "
                         f"({summary['num_queries']} queries)")
     for m in summary["metrics"]:
@@ -306,7 +337,8 @@ def run(
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     split: str = typer.Option("test"),
-    variants: str = typer.Option("bm25,doc,query,sira", help="comma-separated: bm25, doc, query, sira"),
+    variants: str = typer.Option("bm25,doc,query,sira", help="comma-separated: bm25, doc, query, sira; add "
+                                                             "sira+rerank (with --rerank-backend) to opt in"),
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer (default: --backend)"),
     model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
@@ -320,6 +352,9 @@ def run(
     tracking_uri: Optional[str] = TrackingUri,
     experiment: str = typer.Option("sira", help="MLflow experiment"),
     tracking: bool = typer.Option(True, "--tracking/--no-tracking", help="log to MLflow"),
+    rerank_backend: Optional[str] = RerankBackend,
+    rerank_model: Optional[str] = RerankModel,
+    rerank_depth: int = RerankDepth,
     output_json: Optional[Path] = OutputJson,
 ):
     """The whole pipeline on one dataset: ingest, index, enrich, expand, and evaluate bm25 / doc / query / sira."""
@@ -331,6 +366,8 @@ def run(
                         variants=[v.strip() for v in variants.split(",") if v.strip()],
                         backend=_backend(backend, model, base_url, proposals, entries), doc_backend=doc, tau=tau, w=w,
                         shards=shards, spark_master=spark_master,
+                        rerank=_reranker(rerank_backend, rerank_model or (model if rerank_backend == backend else None),
+                                         base_url, rerank_depth),
                         tracking=TrackingConfig(enabled=tracking, tracking_uri=tracking_uri, experiment=experiment))
     summary = job.run(cfg)
     table = Table(title=f"{summary['dataset']} / {summary['split']}: {summary['seconds']:.0f} s"
@@ -341,7 +378,8 @@ def run(
     for variant, r in summary["variants"].items():
         m = r["metrics"]
         delta = f"{m['ndcg@10'] - base['ndcg@10']:+.4f}" if base and variant != "bm25" else ""
-        table.add_row(variant, f"{m['ndcg@10']:.4f}", f"{m['recall@10']:.4f}", f"{m['recall@100']:.4f}", delta)
+        table.add_row(job.variant_label(variant, r), f"{m['ndcg@10']:.4f}", f"{m['recall@10']:.4f}",
+                      f"{m['recall@100']:.4f}", delta)
     stdout.print(table)
     _write_json(summary, output_json)
 
@@ -382,6 +420,46 @@ def sweep(
         table.add_row(str(t["point"]) + mark, f"{t['metrics'][metric]:.4f}")
     stdout.print(table)
     stdout.print(f"test ({summary['test']['split']}): " + "  ".join(f"{k} {v:.4f}" for k, v in summary["test"]["metrics"].items()))
+    _write_json(summary, output_json)
+
+
+@app.command()
+def nightly(
+    warehouse: str = Warehouse,
+    source: str = typer.Option(..., "--source", help="the corpus snapshot: beir:NAME, a BEIR folder, .jsonl[.gz], .parquet"),
+    backend: str = typer.Option("encoder", help="corpus-side proposer: encoder | local | openai | vllm"),
+    model: Optional[str] = typer.Option(None, help="LLM model"),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
+    batch_size: int = typer.Option(16, "--batch-size"),
+    concurrency: int = typer.Option(1, help="LLM engine replicas (vllm: one per GPU)"),
+    task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),
+    preset: str = typer.Option("sira", help="pyserini-flat | sira"),
+    shards: int = typer.Option(4),
+    tau: float = typer.Option(0.05, help="corpus-side DF filter"),
+    spark_master: str = typer.Option("local[*]", "--spark-master", help="Spark master URL"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
+    keep_days: float = typer.Option(7.0, "--keep-days", help="delete index versions older than this (the newest "
+                                                             "of each kind stays)"),
+    tracking_uri: Optional[str] = TrackingUri,
+    experiment: str = typer.Option("sira", help="MLflow experiment"),
+    tracking: bool = typer.Option(True, "--tracking/--no-tracking", help="log to MLflow"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Incremental update: MERGE the new snapshot, enrich only new or changed docs, publish a new index version."""
+    from jobs import nightly as job
+    from pipelines.tracking import TrackingConfig
+
+    summary = job.run(job.NightlyConfig(
+        warehouse=warehouse, source=source, task=task, preset=preset,
+        backend=_backend(backend, model, base_url, api_key_env=api_key_env, batch_size=batch_size,
+                         concurrency=concurrency),
+        shards=shards, tau=tau, spark_master=spark_master, ray_address=ray_address, keep_days=keep_days,
+        tracking=TrackingConfig(enabled=tracking, tracking_uri=tracking_uri, experiment=experiment)))
+    i = summary["ingested"]
+    stdout.print(f"index v{summary['index_version']}: {i['inserted']} inserted, {i['updated']} updated, "
+                 f"{i['deleted']} deleted, {i['unchanged']} unchanged; {summary['enriched']} enriched; "
+                 f"{summary['rejected']} rejected; expired versions {summary['expired_versions'] or 'none'}")
     _write_json(summary, output_json)
 
 

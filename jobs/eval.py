@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobs import enrich as enrich_job
 from jobs import index as index_job
@@ -15,11 +15,13 @@ from jobs.progress import console, progress_bar
 from pipelines.delta_io import table_version
 from pipelines.llm_backends import BackendConfig
 from pipelines.query_expansion import expand_queries
+from pipelines.rerank import RerankConfig, rerank_run
 from pipelines.shard_loader import IndexNotFound, find_index, load_df_table, load_searcher
 from sira_core import tables
 from sira_core.datasets import resolve_dataset
 from sira_core.enrichment import task_for_dataset
 from sira_core.program import RetrievalProgram, expansion_program
+from sira_core.rerank import RERANK_VARIANT
 from sira_core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
 
@@ -32,9 +34,10 @@ class EvalConfig(BaseModel):
     dataset: str = Field(description="beir:NAME or a folder in BEIR format")
     preset: str = "sira"
     split: str = "test"
-    variant: Literal["bm25", "doc", "query", "sira"] = Field(
+    variant: Literal["bm25", "doc", "query", "sira", "sira+rerank"] = Field(
         "bm25", description="bm25: plain; doc: corpus-side enrichment; query: query-side expansion over the plain "
-                            "index; sira: both sides")
+                            "index; sira: both sides; sira+rerank: sira, then an LLM judges its top-k (not a "
+                            "single call)")
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
     shards: int = Field(4, ge=1)
     tau: float = Field(0.05, gt=0, le=1)
@@ -48,6 +51,21 @@ class EvalConfig(BaseModel):
         None, description="corpus-side proposer, run incrementally before indexing; None: index the warehouse's "
                           "enrichment as it stands (the encoder proposer when there is none)")
     ray_address: str | None = None
+    rerank: RerankConfig | None = Field(None, description="sira+rerank: the LLM reranker (required there, "
+                                                          "refused elsewhere)")
+
+    @model_validator(mode="after")
+    def _rerank_only_with_its_variant(self) -> "EvalConfig":
+        if self.variant == RERANK_VARIANT and self.rerank is None:
+            raise ValueError(f"variant {RERANK_VARIANT} needs a reranker: --rerank-backend openai|local")
+        if self.variant != RERANK_VARIANT and self.rerank is not None:
+            raise ValueError(f"rerank settings apply only to variant {RERANK_VARIANT}, not {self.variant}")
+        return self
+
+    @property
+    def first_stage(self) -> str:
+        """The single-call variant that retrieves (sira+rerank reranks what sira retrieves)."""
+        return "sira" if self.variant == RERANK_VARIANT else self.variant
 
     @property
     def resolved_w(self) -> float:
@@ -55,11 +73,11 @@ class EvalConfig(BaseModel):
 
     @property
     def enriched(self) -> bool:
-        return self.variant in ("doc", "sira")
+        return self.first_stage in ("doc", "sira")
 
     @property
     def expanded(self) -> bool:
-        return self.variant in ("query", "sira")
+        return self.first_stage in ("query", "sira")
 
     def warehouse_path(self, dataset_name: str) -> str:
         return self.warehouse or str(Path("warehouses") / dataset_name)
@@ -77,24 +95,24 @@ def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, sp
         console.log(f"ingest: read {summary['read']}, kept {summary['kept']}, rejected {summary['rejected']}")
         docs_version = summary["docs_table_version"]
     if not enriched:
-        return _fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
+        return fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
     if doc_backend is None:
         if table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) is not None:
             # No proposer named: index the warehouse's enrichment as it stands (each doc's newest proposal).
-            return _fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau, any_model=True)
+            return fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau, any_model=True)
         doc_backend = BackendConfig(backend="encoder")  # nothing enriched yet: the CPU default proposer
     if doc_backend.backend == "encoder":  # it proposes from a plain index's vocabulary
-        _fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
+        fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
     enrich_summary = enrich_job.run(enrich_job.EnrichConfig(warehouse=warehouse, backend=doc_backend, task=task,
                                                             preset=preset))
     if enrich_summary["errors"]:
         console.log(f"[yellow]enrichment: {enrich_summary['errors']} documents failed; they are indexed without "
                     f"enrichment and retried by the next run[/yellow]")
-    return _fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau,
+    return fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau,
                            enrich_summary["model"], enrich_summary["prompt_version"])
 
 
-def _fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, docs_version: int,
+def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, docs_version: int,
                     tau: float | None = None, model: str | None = None, prompt_version: str | None = None,
                     any_model: bool = False) -> dict:
     """The newest index of `preset` matching the current docs (and, when `model` is given or `any_model`, the
@@ -169,6 +187,10 @@ def run(cfg: EvalConfig) -> dict:
             for qid, hits in zip(batch, ranked):
                 run_hits[qid] = {h.doc_id: h.score for h in hits}
             advance(len(batch))
+    rerank_summary = None
+    if cfg.rerank is not None:
+        with progress_bar("rerank judgments", total=None, unit="judgments") as advance:
+            run_hits, rerank_summary = rerank_run(warehouse, queries, run_hits, cfg.rerank, on_progress=advance)
     seconds = time.perf_counter() - started
 
     tag = f"sira-{cfg.preset}-{cfg.variant}"
@@ -192,6 +214,7 @@ def run(cfg: EvalConfig) -> dict:
         "run_file": str(run_path),
         "programs_file": str(programs_path),
         "expansion": getattr(programs, "summary", None),
+        "rerank": rerank_summary,
         "queries_per_second": len(queries) / seconds if seconds > 0 else None,
     }
 

@@ -1,17 +1,24 @@
-"""`sira ingest`: validate a corpus source and write the Delta `docs` table (bad records -> `rejected`)."""
+"""`sira ingest`: validate a corpus source and write the Delta `docs` table (bad records -> `rejected`).
+
+Two modes: `replace` writes the snapshot as the whole table; `merge` (what `sira nightly` runs) MERGEs it into
+the existing table by doc id, so inserts, updates (a new content hash) and deletes (ids missing from the
+snapshot) land in one commit and unchanged documents keep their row, their `ingested_at` and their cached
+enrichment.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Iterator, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.progress import progress_bar
-from pipelines.delta_io import write_table
+from pipelines.delta_io import table_exists, table_version, write_table
 from sira_core import tables
 from sira_core.datasets import RecordError, parse_record, resolve_corpus
 
@@ -22,60 +29,106 @@ class IngestConfig(BaseModel):
     source: str = Field(description="beir:NAME, a BEIR folder, a .jsonl[.gz] or a .parquet file")
     warehouse: str
     batch_size: int = Field(20_000, gt=0)
+    mode: Literal["replace", "merge"] = Field(
+        "replace", description="replace: the snapshot becomes the table; merge: insert / update / delete by doc id "
+                               "and content hash against the current table")
+
+
+def reason_kind(reason: str) -> str:
+    """A reject reason without its particulars ("duplicate id '7' (first seen ...)" -> "duplicate id"), for counts."""
+    return re.sub(r" ('[^']*'|\d+)$", "", reason.split(" (")[0].split(":")[0])
 
 
 def content_hash(title: str, text: str) -> str:
     return hashlib.blake2b(f"{title}\x1f{text}".encode("utf-8"), digest_size=16).hexdigest()
 
 
-def run(cfg: IngestConfig) -> dict:
-    source = resolve_corpus(cfg.source)
-    now = datetime.now(timezone.utc)
-    seen: dict[str, int] = {}
-    rejected: list[dict] = []
-    counts = Counter()
+class _Snapshot:
+    """The source's valid records as Arrow batches (read lazily, once), with the rejects and counts it saw."""
 
-    def reject(raw, doc_id, reason):
+    def __init__(self, cfg: IngestConfig):
+        self.cfg = cfg
+        self.source = resolve_corpus(cfg.source)
+        self.now = datetime.now(timezone.utc)
+        self.seen: dict[str, int] = {}
+        self.rejected: list[dict] = []
+        self.read = 0
+
+    def _reject(self, raw, doc_id, reason) -> None:
         payload = raw.payload.decode("utf-8", "replace") if isinstance(raw.payload, bytes) else repr(raw.payload)
-        rejected.append(
-            {"source": raw.source, "record": raw.record, "doc_id": doc_id, "reason": reason,
-             "raw": payload[: tables.RAW_KEEP_CHARS], "rejected_at": now}
-        )
+        self.rejected.append({"source": raw.source, "record": raw.record, "doc_id": doc_id, "reason": reason,
+                              "raw": payload[: tables.RAW_KEEP_CHARS], "rejected_at": self.now})
 
-    def batches() -> Iterator[pa.RecordBatch]:
+    def batches(self) -> Iterator[pa.RecordBatch]:
         rows = {name: [] for name in tables.DOCS_SCHEMA.names}
-        with progress_bar(f"ingest {source.name}", total=None, unit="records") as advance:
-            for raw in source.records():
-                counts["read"] += 1
+        with progress_bar(f"ingest {self.source.name}", total=None, unit="records") as advance:
+            for raw in self.source.records():
+                self.read += 1
                 advance(1)
                 try:
                     doc_id, title, text = parse_record(raw)
                 except RecordError as exc:
-                    reject(raw, None, str(exc))
+                    self._reject(raw, None, str(exc))
                     continue
-                if doc_id in seen:
-                    reject(raw, doc_id, f"duplicate id {doc_id!r} (first seen at record {seen[doc_id]})")
+                if doc_id in self.seen:
+                    self._reject(raw, doc_id, f"duplicate id {doc_id!r} (first seen at record {self.seen[doc_id]})")
                     continue
-                seen[doc_id] = raw.record
-                for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), now)):
+                self.seen[doc_id] = raw.record
+                for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), self.now)):
                     rows[name].append(value)
-                if len(rows["doc_id"]) >= cfg.batch_size:
+                if len(rows["doc_id"]) >= self.cfg.batch_size:
                     yield pa.RecordBatch.from_pydict(rows, schema=tables.DOCS_SCHEMA)
                     rows = {name: [] for name in rows}
             if rows["doc_id"]:
                 yield pa.RecordBatch.from_pydict(rows, schema=tables.DOCS_SCHEMA)
 
-    reader = pa.RecordBatchReader.from_batches(tables.DOCS_SCHEMA, batches())
-    # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
-    docs_version = write_table(tables.table_uri(cfg.warehouse, tables.DOCS), reader, mode="overwrite")
-    write_table(tables.table_uri(cfg.warehouse, tables.REJECTED),
-                pa.Table.from_pylist(rejected, schema=tables.REJECTED_SCHEMA), mode="overwrite")
-    reasons = Counter(r["reason"].split(" (")[0].split(":")[0] for r in rejected)
-    return {
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(tables.DOCS_SCHEMA, self.batches())
+
+
+def _merge(uri: str, snapshot: _Snapshot) -> dict:
+    """MERGE the snapshot into the docs table in one commit; counts inserted / updated / deleted / unchanged."""
+    from deltalake import DeltaTable
+
+    metrics = (
+        DeltaTable(uri)
+        .merge(snapshot.reader(), predicate="t.doc_id = s.doc_id", source_alias="s", target_alias="t")
+        .when_matched_update_all(predicate="t.content_hash <> s.content_hash")
+        .when_not_matched_insert_all()
+        .when_not_matched_by_source_delete()
+        .execute()
+    )
+    inserted, updated = metrics["num_target_rows_inserted"], metrics["num_target_rows_updated"]
+    return {"inserted": inserted, "updated": updated, "deleted": metrics["num_target_rows_deleted"],
+            "unchanged": len(snapshot.seen) - inserted - updated}
+
+
+def run(cfg: IngestConfig) -> dict:
+    snapshot = _Snapshot(cfg)
+    docs_uri = tables.table_uri(cfg.warehouse, tables.DOCS)
+    before = table_version(docs_uri)
+    if cfg.mode == "merge" and table_exists(docs_uri):
+        changes = _merge(docs_uri, snapshot)
+    else:
+        # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
+        write_table(docs_uri, snapshot.reader(), mode="overwrite")
+        changes = {"inserted": len(snapshot.seen), "updated": 0, "deleted": 0, "unchanged": 0} \
+            if cfg.mode == "merge" else None
+    # Replace: the rejects of this snapshot replace the last ones. Merge (nightly): appended, so every night's
+    # rejects stay inspectable by `rejected_at`.
+    rejected_uri = tables.table_uri(cfg.warehouse, tables.REJECTED)
+    write_table(rejected_uri, pa.Table.from_pylist(snapshot.rejected, schema=tables.REJECTED_SCHEMA),
+                mode="append" if cfg.mode == "merge" and table_exists(rejected_uri) else "overwrite")
+    reasons = Counter(reason_kind(r["reason"]) for r in snapshot.rejected)
+    summary = {
         "source": cfg.source,
-        "read": counts["read"],
-        "kept": len(seen),
-        "rejected": len(rejected),
+        "read": snapshot.read,
+        "kept": len(snapshot.seen),
+        "rejected": len(snapshot.rejected),
         "rejected_by_reason": dict(reasons),
-        "docs_table_version": docs_version,
+        "docs_table_version": table_version(docs_uri),
+        "previous_docs_table_version": before,
     }
+    if changes is not None:
+        summary["changes"] = changes
+    return summary

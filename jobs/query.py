@@ -1,7 +1,8 @@
 """`sira query`: bulk scoring. Queries are expanded in batches through the configured LLM backend (Ray Data,
 cached in `expansions`), DF-validated into retrieval programs, scored scatter-gather against shard actors,
 and written to the Delta `runs` table (programs included) and a TREC run file. Incremental and resumable:
-a rerun with the same run id scores only the queries that are not in `runs` yet."""
+a rerun with the same run id scores only the queries that are not in `runs` yet, on the index version the run
+started on."""
 
 from __future__ import annotations
 
@@ -79,12 +80,23 @@ def run(cfg: QueryConfig) -> dict:
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
     queries = read_queries(cfg.queries)
-    manifest = find_index(cfg.warehouse, cfg.index_version, cfg.preset)
     runs_uri = tables.table_uri(cfg.warehouse, tables.RUNS)
     done: set[str] = set()
+    index_version = cfg.index_version
     if table_exists(runs_uri):
-        t = read_table(runs_uri, columns=["run_id", "qid"])
-        done = set(t.filter(pc.equal(t["run_id"], run_id))["qid"].to_pylist())
+        t = read_table(runs_uri, columns=["run_id", "qid", "index_version"])
+        t = t.filter(pc.equal(t["run_id"], run_id))
+        done = set(t["qid"].to_pylist())
+        scored_on = set(t["index_version"].to_pylist())
+        # A resumed run finishes on the index its committed queries were scored on: a version published in
+        # between (the nightly build) would otherwise mix two indexes in one run.
+        if index_version is None and scored_on:
+            index_version = max(scored_on)
+        elif scored_on - {index_version}:
+            on = ", ".join(f"v{v}" for v in sorted(scored_on))
+            raise ValueError(f"run {run_id!r} has queries scored on index {on}, not v{index_version}: "
+                             "resume it on its own version or start a new run id")
+    manifest = find_index(cfg.warehouse, index_version, cfg.preset)
     todo = {q: text for q, text in queries.items() if q not in done}
     console.log(f"query run {run_id!r}: {len(todo)} queries to score, {len(done)} already in runs "
                 f"(index v{manifest['index_version']}, expansion {'on' if cfg.expand else 'off'})")

@@ -18,7 +18,10 @@ class ServeConfig(BaseModel):
     warehouse: str
     host: str = Field("127.0.0.1", description="interface to bind; loopback unless told otherwise")
     port: int = Field(8080, ge=0, le=65535, description="0: any free port")
-    index_version: int | None = None
+    index_version: int | None = Field(None, description="serve this version (pinned); None: the newest published")
+    follow: bool | None = Field(None, description="switch to newer published versions of the same kind; "
+                                                  "None: unless pinned to an --index-version")
+    poll_s: float = Field(30.0, gt=0, description="seconds between checks for a newer version (SIGHUP: at once)")
     preset: str | None = None
     api_token_env: str | None = Field(None, description="environment variable holding the bearer token; "
                                                         "None: no authentication")
@@ -31,6 +34,10 @@ class ServeConfig(BaseModel):
     task: str | None = Field(None, description="prompt task; default: from the warehouse folder's name "
                                                "(warehouses/<dataset>, as `sira eval` lays them out)")
     ray_address: str | None = None
+
+    @property
+    def following(self) -> bool:
+        return self.index_version is None if self.follow is None else self.follow
 
     def api_token(self) -> str | None:
         if self.api_token_env is None:
@@ -56,16 +63,15 @@ def run(cfg: ServeConfig) -> None:
     task = cfg.task or task_for_dataset(PurePosixPath(cfg.warehouse.rstrip("/")).name)
     service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task,
                                    cfg.w if cfg.w is not None else (cfg.backend.default_w() if cfg.backend else 0.5),
-                                  cfg.tau,
-                                  cfg.ray_address)
+                                  cfg.tau, cfg.ray_address, follow=cfg.following)
     m = service.manifest
     if limits.api_token is None and not _is_loopback(cfg.host):
         console.log(f"[yellow]warning:[/yellow] binding {cfg.host} without --api-token-env: anyone who reaches "
                     "this port can search")
     expansion = f"expansion {service.proposer.model} ({task})" if service.proposer else "no expansion backend"
     try:
-        serve_forever(build_app(service, limits), cfg.host, cfg.port, on_ready=lambda url: console.log(
+        serve_forever(build_app(service, limits, cfg.poll_s), cfg.host, cfg.port, on_ready=lambda url: console.log(
             f"serving index v{m['index_version']} ({m['preset']}, {m['num_docs']} docs, {m['num_shards']} shards, "
-            f"{expansion}) on {url}"))
+            f"{expansion}{', following newer versions' if service.follow else ''}) on {url}"))
     finally:
         service.stop_actors()

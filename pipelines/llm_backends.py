@@ -196,9 +196,20 @@ def openai_postprocess(row: dict) -> dict:
         content = resp["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
         return error_row(keep, f"malformed completion: {json.dumps(resp)[:120]}", latency)
-    usage = resp.get("usage") or {}
-    return {**keep, "raw_output": content, "input_tokens": int(usage.get("prompt_tokens") or 0),
-            "output_tokens": int(usage.get("completion_tokens") or 0), "latency_ms": latency, "error": None}
+    if content is not None and not isinstance(content, str):
+        return error_row(keep, f"malformed completion: content is a {type(content).__name__}, not text: "
+                               f"{str(content)[:120]}", latency)
+    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+    return {**keep, "raw_output": content, "input_tokens": _token_count(usage.get("prompt_tokens")),
+            "output_tokens": _token_count(usage.get("completion_tokens")), "latency_ms": latency, "error": None}
+
+
+def _token_count(value) -> int:
+    """A count from the server's usage block; one it cannot count is 0, never a failed row."""
+    try:
+        return max(int(value or 0), 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def openai_request(cfg: BackendConfig) -> tuple[dict, dict]:

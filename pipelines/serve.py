@@ -1,7 +1,8 @@
-"""`sira serve`: the online search API over one published index version (aiohttp.web).
+"""`sira serve`: the online search API over published index versions (aiohttp.web).
 
     POST /search  {"query": str, "k": 10, "expand": false, "must": [str], "exclude": [str]}
-                  -> {"hits": [{"doc_id", "score"}], "program": {RetrievalProgram}, "timing_ms": {...}}
+                  -> {"hits": [{"doc_id", "score"}], "program": {RetrievalProgram}, "index_version",
+                      "timing_ms": {...}}
     GET  /health  -> {"status", "index_version", "num_docs", "shards", ...}
 
 Shards live in Ray actors (pipelines.shard_actors) and are queried scatter-gather: every actor returns its
@@ -9,6 +10,9 @@ top-k for the compiled query and sira_core.search.merge_ranked merges them by (s
 response ranks exactly like the in-process Searcher. Limits answer 4xx JSON `{"error": ...}`: 400 invalid
 request, 401 missing / wrong bearer token (when one is configured; /health stays open for probes), 413 body
 too large, 429 more than `max_concurrent` searches in flight. A request never takes the server down.
+
+Unless pinned to a version, the server follows the newest published version of the kind it serves (see
+SearchService): `sira nightly` publishes, the server switches without downtime.
 """
 
 from __future__ import annotations
@@ -69,70 +73,176 @@ class BadRequest(ValueError):
 
 
 @dataclass
-class SearchService:
-    """One index version held by shard actors, the analyzer, and (optionally) the query-side proposer."""
+class ServedIndex:
+    """One index version as served: its manifest, the shard actors holding it, its analyzer, and what query-side
+    expansion needs (the proposer reads the version's vocabulary, the DF filter its statistics)."""
 
     manifest: dict
     actors: list
     analyzer: Analyzer
     proposer: OnlineProposer | None = None
     df_table: DFTable | None = None
+    owns_actors: bool = True  # actors handed in by the caller are the caller's to stop
+    in_flight: int = 0  # searches that started on this version and have not finished
+
+
+@dataclass
+class SearchService:
+    """Serves one index version at a time and, when following, switches to a newer published version of the same
+    kind (preset, enriched) without downtime: the new version is loaded next to the old one, the switch is one
+    assignment, searches already running finish on the version they started on, then the old one is stopped. A
+    version is visible only once published (its corpus_stats row is written last), so a half-written index is
+    never served. While switching, both versions are in memory."""
+
+    warehouse: str
+    current: ServedIndex
+    backend: BackendConfig | None = None
+    task: str = "generic"
     w: float = DEFAULT_W
     tau: float = 0.05
+    follow: bool = False
     in_flight: int = field(default=0, init=False)
+    switches: list = field(default_factory=list, init=False)  # [{"from", "to", "at"}]
+    _switch_lock: asyncio.Lock | None = field(default=None, init=False)
 
     @classmethod
     def start(cls, warehouse: str, index_version: int | None = None, preset: str | None = None,
               backend: BackendConfig | None = None, task: str = "generic", w: float = DEFAULT_W, tau: float = 0.05,
-              ray_address: str | None = None, actors: list | None = None) -> "SearchService":
+              ray_address: str | None = None, actors: list | None = None, follow: bool = False) -> "SearchService":
         """Find the index version, start one actor per shard (or use `actors`), load what expansion needs."""
         from pipelines.ray_enrich import init_ray
-        from pipelines.shard_actors import start_shard_actors
-        from pipelines.shard_loader import find_index, load_df_table
+        from pipelines.shard_loader import find_index
 
+        if follow and index_version is not None:
+            raise ValueError("a server pinned to --index-version cannot follow newer versions")
         manifest = find_index(warehouse, index_version, preset)
-        proposer = OnlineProposer(warehouse, backend, task, manifest) if backend is not None else None
-        df_table = load_df_table(warehouse, manifest) if proposer is not None else None
         if actors is None:
             init_ray(ray_address)
-            actors = start_shard_actors(warehouse, manifest)
+        service = cls(warehouse, None, backend, task, w, tau, follow)  # type: ignore[arg-type]
+        service.current = service.load(manifest, actors)
+        return service
+
+    def load(self, manifest: dict, actors: list | None = None) -> ServedIndex:
+        """Load one version (blocking: shard actors start and read their shards; a broken shard fails here)."""
+        from pipelines.shard_actors import start_shard_actors
+        from pipelines.shard_loader import load_df_table
+
+        proposer = OnlineProposer(self.warehouse, self.backend, self.task, manifest) if self.backend else None
+        df_table = load_df_table(self.warehouse, manifest) if proposer is not None else None
+        owns = actors is None
+        actors = start_shard_actors(self.warehouse, manifest) if actors is None else actors
         analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
-        return cls(manifest, actors, analyzer, proposer, df_table, w, tau)
+        return ServedIndex(manifest, actors, analyzer, proposer, df_table, owns)
+
+    # The served version's parts, for callers that do not care about switching.
+    @property
+    def manifest(self) -> dict:
+        return self.current.manifest
+
+    @property
+    def actors(self) -> list:
+        return self.current.actors
+
+    @property
+    def analyzer(self) -> Analyzer:
+        return self.current.analyzer
+
+    @property
+    def proposer(self) -> OnlineProposer | None:
+        return self.current.proposer
 
     def stop_actors(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
+        if self.current.owns_actors:
+            for actor in self.current.actors:
+                ray.kill(actor)
+
+    async def refresh(self) -> bool:
+        """Switch to the newest published version of the served kind if there is a newer one; True if switched.
+        Any failure while loading leaves the current version serving."""
+        from pipelines.shard_loader import IndexNotFound, find_index
+
+        if self._switch_lock is None:
+            self._switch_lock = asyncio.Lock()
+        async with self._switch_lock:
+            loop = asyncio.get_running_loop()
+            old = self.current
+            try:
+                newest = await loop.run_in_executor(None, lambda: find_index(
+                    self.warehouse, preset=old.manifest["preset"], enriched=bool(old.manifest["enriched"])))
+            except IndexNotFound:
+                return False
+            if newest["index_version"] <= old.manifest["index_version"]:
+                return False
+            log.info("index v%d published: loading it next to v%d", newest["index_version"],
+                     old.manifest["index_version"])
+            new = await loop.run_in_executor(None, self.load, newest)
+            if new.proposer is not None:
+                await new.proposer.start()
+            self.current = new  # the switch: new searches use `new`; running ones keep the version they hold
+            self.switches.append({"from": old.manifest["index_version"], "to": newest["index_version"],
+                                  "at": time.time()})
+            log.info("serving index v%d", newest["index_version"])
+            while old.in_flight:
+                await asyncio.sleep(0.02)
+            await self._retire(old)
+            return True
+
+    async def _retire(self, old: ServedIndex) -> None:
+        if old.proposer is not None:
+            await old.proposer.close()
+        if old.owns_actors:
+            for actor in old.actors:
+                ray.kill(actor)
+
+    async def follow_forever(self, poll_s: float) -> None:
+        """Poll for newer published versions until cancelled."""
+        while True:
+            await asyncio.sleep(poll_s)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 (a failed switch must not stop serving the current version)
+                log.exception("switching to a newer index version failed; still serving v%d",
+                              self.current.manifest["index_version"])
 
     async def search(self, req: SearchRequest) -> dict:
-        if req.expand and self.proposer is None:
+        index = self.current  # one version for the whole search, even if a switch happens meanwhile
+        index.in_flight += 1
+        try:
+            return await self._search(index, req)
+        finally:
+            index.in_flight -= 1
+
+    async def _search(self, index: ServedIndex, req: SearchRequest) -> dict:
+        if req.expand and index.proposer is None:
             raise BadRequest("expand: this server has no expansion backend (start it with --backend openai|local|encoder)")
         try:  # constraints without index terms are the caller's mistake; check before paying for an expansion
-            RetrievalProgram.build("", self.analyzer, must=req.must, exclude=req.exclude)
+            RetrievalProgram.build("", index.analyzer, must=req.must, exclude=req.exclude)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         started = time.perf_counter()
         decisions, expansion, weights = (), None, None
         if req.expand:
-            proposal = await self.proposer.propose(req.query)
-            decisions = query_side_filter(proposal.phrases, self.analyzer, self.df_table.lookup,
-                                          self.manifest["num_docs"], self.tau)
+            proposal = await index.proposer.propose(req.query)
+            decisions = query_side_filter(proposal.phrases, index.analyzer, index.df_table.lookup,
+                                          index.manifest["num_docs"], self.tau)
             # A failed expansion degrades to the plain query (the program shows no expansions) rather than failing
             # the search; the response says why.
             expansion = {"source": proposal.source, "error": proposal.error}
             weights = proposal.weight_of()
         expanded = time.perf_counter()
         program = RetrievalProgram.build(
-            req.query, self.analyzer, decisions, w=self.w, must=req.must, exclude=req.exclude,
-            proposer=self.proposer.model if req.expand else "", index_version=self.manifest["index_version"],
-            prompt_version=self.proposer.prompt_version if req.expand else None, weights=weights)
+            req.query, index.analyzer, decisions, w=self.w, must=req.must, exclude=req.exclude,
+            proposer=index.proposer.model if req.expand else "", index_version=index.manifest["index_version"],
+            prompt_version=index.proposer.prompt_version if req.expand else None, weights=weights)
         compiled = compile_query(program.parts())
         constraints = [(program.must, program.exclude)]
-        per_shard = await asyncio.gather(*(a.top_k.remote([compiled], req.k, constraints) for a in self.actors))
+        per_shard = await asyncio.gather(*(a.top_k.remote([compiled], req.k, constraints) for a in index.actors))
         hits = merge_ranked([ranked[0] for ranked in per_shard], req.k)
         scored = time.perf_counter()
         out = {
             "hits": [{"doc_id": doc_id, "score": score} for doc_id, score in hits],
             "program": program.model_dump(),
+            "index_version": index.manifest["index_version"],
             "timing_ms": {"expansion": (expanded - started) * 1000, "scoring": (scored - expanded) * 1000},
         }
         if expansion is not None:
@@ -140,14 +250,16 @@ class SearchService:
         return out
 
     async def health(self) -> tuple[int, dict]:
-        m = self.manifest
-        body = {"index_version": m["index_version"], "num_docs": m["num_docs"], "shards": len(self.actors),
+        index = self.current
+        m = index.manifest
+        body = {"index_version": m["index_version"], "num_docs": m["num_docs"], "shards": len(index.actors),
                 "preset": m["preset"], "enriched": bool(m["enriched"]), "in_flight": self.in_flight,
-                "expansion": None if self.proposer is None else
-                {"backend": self.proposer.backend.backend, "model": self.proposer.model,
-                 "prompt_version": self.proposer.prompt_version, "cached_queries": len(self.proposer.cache)}}
+                "follow": self.follow, "switches": len(self.switches),
+                "expansion": None if index.proposer is None else
+                {"backend": index.proposer.backend.backend, "model": index.proposer.model,
+                 "prompt_version": index.proposer.prompt_version, "cached_queries": len(index.proposer.cache)}}
         try:
-            await asyncio.wait_for(asyncio.gather(*(a.num_docs.remote() for a in self.actors)), HEALTH_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.gather(*(a.num_docs.remote() for a in index.actors)), HEALTH_TIMEOUT_S)
         except (ray.exceptions.RayError, asyncio.TimeoutError) as exc:
             return 503, {"status": "unavailable", "error": f"a shard actor does not answer: {type(exc).__name__}",
                          **body}
@@ -158,6 +270,7 @@ class SearchService:
 
 SERVICE = web.AppKey("service", SearchService)
 LIMITS = web.AppKey("limits", Limits)
+FOLLOWER = web.AppKey("follower", asyncio.Task)
 
 
 def error(status: int, message: str, headers: dict | None = None) -> web.Response:
@@ -238,16 +351,29 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.json_response(body, status=status)
 
 
-def build_app(service: SearchService, limits: Limits) -> web.Application:
+def build_app(service: SearchService, limits: Limits, poll_s: float = 30.0) -> web.Application:
+    """The HTTP app; a following service polls for newer published versions every `poll_s` seconds."""
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[json_errors])
     app[SERVICE] = service
     app[LIMITS] = limits
     app.router.add_post("/search", handle_search)
     app.router.add_get("/health", handle_health)
-    if service.proposer is not None:
+
+    async def on_startup(_: web.Application) -> None:
         # The proposer's HTTP session / model thread belong to the serving event loop.
-        app.on_startup.append(lambda _: service.proposer.start())
-        app.on_cleanup.append(lambda _: service.proposer.close())
+        if service.proposer is not None:
+            await service.proposer.start()
+        if service.follow:
+            app[FOLLOWER] = asyncio.create_task(service.follow_forever(poll_s))
+
+    async def on_cleanup(_: web.Application) -> None:
+        if FOLLOWER in app:
+            app[FOLLOWER].cancel()
+        if service.proposer is not None:
+            await service.proposer.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
     return app
 
 
@@ -260,14 +386,24 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     return runner, site.name
 
 
+async def _refresh_logged(service: SearchService) -> None:
+    try:
+        await service.refresh()
+    except Exception:  # noqa: BLE001
+        log.exception("switching to a newer index version failed; still serving v%d", service.manifest["index_version"])
+
+
 def serve_forever(app: web.Application, host: str, port: int, on_ready: Callable[[str], None]) -> None:
-    """Serve until SIGINT / SIGTERM, then finish the requests in flight and stop."""
+    """Serve until SIGINT / SIGTERM, then finish the requests in flight and stop; SIGHUP checks for a newer
+    published index version at once."""
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        # SIGHUP: look for a newer published version now (`sira nightly` can signal after publishing).
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_refresh_logged(app[SERVICE])))
         runner, url = await start_site(app, host, port)
         on_ready(url)
         try:

@@ -27,6 +27,11 @@ def get_spark(master: str = "local[*]", app_name: str = "sira", conf: dict[str, 
     # Python workers must run the interpreter that has sira installed (the job's own venv in local mode).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        # A caller's, spark-submit's or Databricks' session (infra/spark/sira_index_main.py creates it first): its
+        # master and --conf settings stand; getOrCreate would re-apply our local defaults over them.
+        return active
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**DEFAULT_CONF, **_env_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)

@@ -25,6 +25,9 @@ BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{
 # Datasets whose queries are themselves corpus documents: a query's own id is removed from its ranking.
 QUERIES_ARE_DOCUMENTS = frozenset({"arguana", "quora"})
 _ID_KEYS = ("_id", "doc_id", "id", "docid")
+# Ids are keys in every table and in each shard's memory: longer ones are bad data, not documents.
+MAX_ID_CHARS = 1000
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class DatasetNotFound(FileNotFoundError):
@@ -166,6 +169,8 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     with opener(path, "rb") as fh:
         for n, line in enumerate(fh, start=1):
             line = line.rstrip(b"\r\n")
+            if n == 1:
+                line = line.removeprefix(_UTF8_BOM)  # files saved by Windows tools start with one
             if line.strip():
                 yield n, line
 
@@ -229,21 +234,25 @@ def parse_record(raw: RawRecord) -> tuple[str, str, str]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise RecordError(f"unparseable JSON: {exc.msg} at column {exc.colno}") from None
+            # Some messages end in "at" ("Unterminated string starting at"): the column completes them.
+            raise RecordError(f"unparseable JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}") from None
     else:
         obj = raw.payload
     if not isinstance(obj, dict):
         raise RecordError(f"expected a JSON object, got {type(obj).__name__}")
-    doc_id = next((obj[k] for k in _ID_KEYS if obj.get(k) not in (None, "")), None)
+    doc_id = next((obj[k] for k in _ID_KEYS if obj.get(k) is not None and str(obj[k]).strip()), None)
     if doc_id is None:
         raise RecordError(f"missing id (one of {', '.join(_ID_KEYS)})")
-    if not isinstance(doc_id, (str, int)):
+    if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
         raise RecordError(f"id must be a string or integer, got {type(doc_id).__name__}")
+    if len(str(doc_id)) > MAX_ID_CHARS:
+        raise RecordError(f"id too long ({len(str(doc_id))} characters; the limit is {MAX_ID_CHARS})")
     title, text = obj.get("title") or "", obj.get("text")
     if text is None:
         text = obj.get("contents") or ""
-    if not isinstance(title, str) or not isinstance(text, str):
-        raise RecordError("title and text must be strings")
+    for field, value in (("title", title), ("text", text)):
+        if not isinstance(value, str):
+            raise RecordError(f"{field} must be a string, got {type(value).__name__}")
     if not (title.strip() or text.strip()):
         raise RecordError("empty text")
     return str(doc_id), title, text

@@ -16,6 +16,8 @@ from importlib import resources
 
 DOC_INPUT_CHARS = 4000
 MAX_PHRASES = 10
+# A phrase is search vocabulary of a few words: anything longer is junk (no spaces to count words by).
+MAX_PHRASE_CHARS = 100
 TASKS = ("generic", "fact_check", "argument", "duplicate", "finance", "citation", "factoid_qa", "multihop_qa")
 # The task whose prompt suits each BEIR dataset (overridable with --task).
 DATASET_TASKS = {
@@ -69,17 +71,23 @@ def document_input(title: str, text: str, max_chars: int = DOC_INPUT_CHARS) -> s
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 _SPACES = re.compile(r"\s+")
+_MARKUP = re.compile(r"<[^<>]*>")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def parse_phrases(raw: str | None, max_phrases: int = MAX_PHRASES, max_words: int = 4) -> tuple[list[str], str | None]:
     """Phrases from an LLM's output, and an error when the output is unusable. Never raises.
 
     Accepts {"keywords": [...]}, a bare JSON list, JSON inside code fences or surrounded by prose.
-    Phrases are trimmed, de-duplicated (case-insensitively), kept to max_words words and max_phrases.
+    Phrases lose markup tags and control characters, are trimmed, de-duplicated (case-insensitively), kept to
+    max_words words, MAX_PHRASE_CHARS characters and max_phrases.
     """
     if raw is None or not raw.strip():
         return [], "empty output"
-    value = _first_json(raw)
+    try:
+        value = _first_json(raw)
+    except RecursionError:
+        return [], f"JSON nested too deeply in output: {raw[:80]!r}"
     if value is None:
         return [], f"no JSON found in output: {raw[:80]!r}"
     if isinstance(value, dict):
@@ -90,8 +98,9 @@ def parse_phrases(raw: str | None, max_phrases: int = MAX_PHRASES, max_words: in
     for item in value:
         if not isinstance(item, str):
             continue
-        phrase = _SPACES.sub(" ", item).strip(" .,;:\"'")
-        if not phrase or len(phrase.split(" ")) > max_words or phrase.lower() in seen:
+        phrase = _SPACES.sub(" ", _CONTROL.sub(" ", _MARKUP.sub(" ", item))).strip(" .,;:\"'")
+        if (not phrase or len(phrase.split(" ")) > max_words or len(phrase) > MAX_PHRASE_CHARS
+                or phrase.lower() in seen):
             continue
         seen.add(phrase.lower())
         phrases.append(phrase)
@@ -104,7 +113,9 @@ def parse_phrases(raw: str | None, max_phrases: int = MAX_PHRASES, max_words: in
 
 def _first_json(raw: str):
     candidates = [m.group(1) for m in _FENCE.finditer(raw)] + [raw]
-    decoder = json.JSONDecoder()
+    # strict=False: a raw control character inside a string (models emit tabs and newlines) is cleaned from its
+    # phrase instead of making the whole answer unusable.
+    decoder = json.JSONDecoder(strict=False)
     for text in candidates:
         for start, ch in enumerate(text):
             if ch in "{[":

@@ -64,6 +64,19 @@ EXPANSIONS_SCHEMA = pa.schema(
 )
 EXPANSIONS_KEY = ("query_hash", "model", "prompt_version")
 
+# Written by the sira+rerank variant: one LLM relevance judgment (0-100) per (query text, doc content, model,
+# prompt version); an errored judgment is retried by the next run.
+RERANK = "rerank_judgments"
+RERANK_SCHEMA = pa.schema(
+    [pa.field("query_hash", pa.string(), nullable=False), pa.field("query", pa.string(), nullable=False),
+     pa.field("doc_id", pa.string(), nullable=False), pa.field("content_hash", pa.string(), nullable=False),
+     pa.field("model", pa.string(), nullable=False), pa.field("prompt_version", pa.string(), nullable=False),
+     pa.field("backend", pa.string(), nullable=False), pa.field("score", pa.int32())]
+    + [f for f in ENRICHMENT_SCHEMA if f.name in ("raw_output", "input_tokens", "output_tokens", "latency_ms", "error")]
+    + [pa.field("judged_at", pa.timestamp("us", tz="UTC"), nullable=False)]
+)
+RERANK_KEY = ("query_hash", "doc_id", "content_hash", "model", "prompt_version")
+
 # The encoder proposer's vocabulary: entries of one index version and their embeddings (partitioned by version).
 VOCABULARY = "vocabulary"
 VOCABULARY_SCHEMA = pa.schema(

@@ -10,9 +10,16 @@ exactly as it would to vLLM serve or a hosted API. Behaviour is switched per tes
 - `junk`:     200 whose message.content is prose, not JSON
 - `not_json`: 200 whose HTTP body is not JSON
 - `poison`:   500 forever for documents containing `POISON_MARKER`, ok otherwise
+- `rerank`:   ok, and a relevance prompt (one with a 'Passage:' header) gets {"score": N}: N is
+              `rerank_scores[word]` of the first word of `rerank_scores` the passage contains (None: prose,
+              an unusable answer), else `RERANK_DEFAULT_SCORE`
 
 Every request is recorded (body, status answered) so tests can assert on retries and the request body.
 `delay_s` slows every answer down (used to kill a job part-way).
+
+Per document (or query) text, in any mode but the failing ones: `answers` sets the keywords of the answer,
+`contents` the message content verbatim (any JSON value: what a misbehaving model writes), `completions` the
+whole 200 body verbatim (what a misbehaving server sends).
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-MODES = ("ok", "http500", "flaky", "slow", "junk", "not_json", "poison")
+MODES = ("ok", "http500", "flaky", "slow", "junk", "not_json", "poison", "rerank")
 POISON_MARKER = "POISONPILL"
 DOCUMENT_HEADER = "Document:\n"
 QUERY_HEADER = "Query:\n"
+PASSAGE_HEADER = "Passage:\n"
+RERANK_DEFAULT_SCORE = 10
 _WORD = re.compile(r"[a-z]+")
 
 
@@ -62,6 +71,9 @@ class FakeOpenAI:
         self.delay_s = 0.0
         self.slow_s = 3.0
         self.answers: dict[str, list[str]] = {}  # document / query text -> the keywords to answer with
+        self.contents: dict[str, object] = {}  # document / query text -> the message content to answer with
+        self.completions: dict[str, object] = {}  # document / query text -> the whole response body
+        self.rerank_scores: dict[str, int | None] = {}  # word -> the score of passages containing it
         self.requests: list[Request] = []
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -89,10 +101,17 @@ class FakeOpenAI:
             raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
         with self._lock:
             self.mode, self.delay_s = mode, delay_s
-            self.answers = {}
+            self.answers, self.contents, self.completions = {}, {}, {}
+            self.rerank_scores = {}
             self.requests.clear()
             self._seen.clear()
         return self
+
+    def rerank_content(self, passage: str) -> str:
+        """The answer of mode `rerank` to a relevance prompt about `passage`."""
+        text = passage.lower()
+        score = next((s for word, s in self.rerank_scores.items() if word in text), RERANK_DEFAULT_SCORE)
+        return "I would rather not say." if score is None else json.dumps({"score": score})
 
     def attempts_by_document(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -117,14 +136,19 @@ class FakeOpenAI:
             return 200, b"<html><body>Bad gateway, try later</body></html>"
         if mode == "slow":
             self._stopping.wait(self.slow_s)
+        if document.strip() in self.completions:
+            return 200, json.dumps(self.completions[document.strip()]).encode()
         keywords = self.answers.get(document.strip()) or keywords_for(document)
         content = ("Sure! Here are some keywords you might like: heart, attack." if mode == "junk"
                    else json.dumps({"keywords": keywords}))
+        content = self.contents.get(document.strip(), content)
+        if mode == "rerank" and PASSAGE_HEADER in prompt:
+            content = self.rerank_content(prompt.rsplit(PASSAGE_HEADER, 1)[-1])
         completion = {
             "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": body.get("model"),
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(content.split()),
-                      "total_tokens": len(prompt.split()) + len(content.split())},
+            "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(str(content).split()),
+                      "total_tokens": len(prompt.split()) + len(str(content).split())},
         }
         return 200, json.dumps(completion).encode()
 

@@ -1,0 +1,110 @@
+"""`sira nightly`: bring a warehouse up to date with a new snapshot of its corpus, incrementally.
+
+    ingest (MERGE by doc id + content hash) -> [plain index: the encoder's vocabulary] -> enrich only new or
+    changed documents -> build and publish the enriched index -> expire index versions past the retention window
+
+Publishing is atomic (a version becomes visible when its corpus_stats row lands, see pipelines.spark_index), so a
+running `sira serve` that follows the newest version switches without ever reading a half-written one. Every step
+is idempotent: a failed or killed night is rerun as is; finished work (the docs MERGE, committed enrichment
+chunks, a published index) is found and not redone. One MLflow parent run per night, a child run per step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs import enrich as enrich_job
+from jobs import ingest as ingest_job
+from jobs.eval import fresh_or_build
+from jobs.progress import console
+from jobs.run import StageFailed
+from pipelines.llm_backends import BackendConfig
+from pipelines.tracking import Tracker, TrackingConfig
+
+
+class NightlyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    warehouse: str
+    source: str = Field(description="the corpus snapshot: beir:NAME, a BEIR folder, a .jsonl[.gz] or .parquet file")
+    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
+                                   description="corpus-side proposer")
+    task: str | None = Field(None, description="prompt task; default: chosen from the warehouse folder's name")
+    preset: str = "sira"
+    shards: int = Field(4, ge=1, le=4096)
+    tau: float = Field(0.05, gt=0, le=1, description="corpus-side DF filter")
+    spark_master: str = "local[*]"
+    ray_address: str | None = None
+    keep_days: float = Field(7.0, ge=0, description="index versions older than this are deleted (the newest of "
+                                                    "each kind is always kept)")
+    commit_every: int = Field(256, gt=0, description="enrichment rows per Delta commit")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+
+def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dict:
+    from pipelines.retention import expire_versions
+
+    tracker = Tracker(cfg.tracking)
+    started = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def step(name: str, fn: Callable[[], dict], metrics: Callable[[dict], dict]) -> dict:
+        if on_step:
+            on_step(name)
+        console.rule(f"[bold]nightly: {name}")
+        with tracker.run(name, nested=True, tags={"sira.job": "nightly", "sira.step": name}):
+            t = time.perf_counter()
+            try:
+                out = fn()
+            except Exception as exc:
+                raise StageFailed(name, exc) from exc
+            seconds[name] = time.perf_counter() - t
+            tracker.metrics({**metrics(out), "seconds": seconds[name]})
+        return out
+
+    with tracker.run(f"nightly {cfg.warehouse}", params=cfg,
+                     tags={"sira.job": "nightly", "sira.warehouse": cfg.warehouse}) as parent_id:
+        ingest = step("ingest", lambda: ingest_job.run(ingest_job.IngestConfig(
+            source=cfg.source, warehouse=cfg.warehouse, mode="merge")),
+            lambda s: {**s["changes"], "read": s["read"], "rejected": s["rejected"]})
+        changes = ingest["changes"]
+        console.log(f"ingest: {changes['inserted']} inserted, {changes['updated']} updated, {changes['deleted']} "
+                    f"deleted, {changes['unchanged']} unchanged, {ingest['rejected']} rejected")
+        docs_version = ingest["docs_table_version"]
+        if cfg.backend.backend == "encoder":  # it proposes from the vocabulary of a plain index of these docs
+            step("index (plain)", lambda: fresh_or_build(cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master,
+                                                          docs_version),
+                 lambda m: {"index_version": m["index_version"]})
+        enrich = step("enrich", lambda: enrich_job.run(enrich_job.EnrichConfig(
+            warehouse=cfg.warehouse, backend=cfg.backend, task=cfg.task, preset=cfg.preset,
+            commit_every=cfg.commit_every, ray_address=cfg.ray_address)),
+            lambda s: {k: s[k] for k in ("documents", "enriched", "skipped", "errors", "input_tokens",
+                                         "output_tokens", "docs_per_second")})
+        if enrich["errors"]:
+            console.log(f"[yellow]enrichment: {enrich['errors']} documents failed; they are indexed without "
+                        "enrichment and retried by the next night[/yellow]")
+        manifest = step("index (enriched)", lambda: fresh_or_build(
+            cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, docs_version, cfg.tau, enrich["model"],
+            enrich["prompt_version"]), lambda m: {"index_version": m["index_version"], "num_docs": m["num_docs"]})
+        retention = step("retention", lambda: expire_versions(cfg.warehouse, cfg.keep_days),
+                         lambda r: {"expired": len(r["expired_versions"]), "kept": len(r["kept_versions"]),
+                                    "vacuumed_files": r["vacuumed_files"]})
+        total = time.perf_counter() - started
+        tracker.metrics({"seconds": total, "index_version": manifest["index_version"],
+                         **{f"ingested.{k}": v for k, v in changes.items()}, "enriched": enrich["enriched"]})
+    return {
+        "ingested": changes,
+        "enriched": enrich["enriched"],
+        "index_version": manifest["index_version"],
+        "rejected": ingest["rejected"],
+        "enrichment_errors": enrich["errors"],
+        "docs_table_version": docs_version,
+        "expired_versions": retention["expired_versions"],
+        "kept_versions": retention["kept_versions"],
+        "step_seconds": seconds,
+        "seconds": total,
+        "mlflow_run_id": parent_id,
+    }

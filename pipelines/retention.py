@@ -1,0 +1,60 @@
+"""Index version retention: unpublish and delete index versions older than the retention window.
+
+A version is unpublished first (its corpus_stats row goes, so no new reader finds it), then its rows go from
+the per-version tables, then VACUUM removes files older than the window that the latest table versions no
+longer reference. A reader that had already resolved the version keeps reading it: the manifest pins the table
+versions it reads (Delta time travel), and their files survive until the window has passed. The newest version
+of each kind (preset x enriched) is always kept, however old, so a warehouse is never left without an index.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+from deltalake import DeltaTable
+
+from pipelines.delta_io import table_exists
+from pipelines.shard_loader import published_versions
+from sira_core import tables
+
+PER_VERSION_TABLES = (tables.TERM_STATS, tables.POSTINGS, tables.SHARD_DOCS, tables.INJECTIONS, tables.VOCABULARY)
+
+
+def _utc(ts: datetime) -> datetime:
+    return ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
+
+
+def expired_versions(rows: list[dict], keep_days: float, now: datetime) -> list[int]:
+    """Versions built before now - keep_days, except the newest of each (preset, enriched) kind."""
+    newest: dict[tuple, int] = {}
+    for r in rows:
+        kind = (r["preset"], bool(r["enriched"]))
+        newest[kind] = max(newest.get(kind, r["index_version"]), r["index_version"])
+    cutoff = now - timedelta(days=keep_days)
+    return sorted(r["index_version"] for r in rows
+                  if r["index_version"] not in newest.values() and _utc(r["built_at"]) < cutoff)
+
+
+def expire_versions(warehouse: str, keep_days: float, now: datetime | None = None, vacuum: bool = True) -> dict:
+    """Delete expired index versions (see the module doc); returns which went and which stay."""
+    now = now or datetime.now(timezone.utc)
+    rows = published_versions(warehouse)
+    expired = expired_versions(rows, keep_days, now)
+    kept = [r["index_version"] for r in rows if r["index_version"] not in expired]
+    if expired:
+        predicate = f"index_version IN ({', '.join(str(v) for v in expired)})"
+        DeltaTable(tables.table_uri(warehouse, tables.CORPUS_STATS)).delete(predicate)  # unpublish first
+        for name in PER_VERSION_TABLES:
+            uri = tables.table_uri(warehouse, name)
+            if table_exists(uri):
+                DeltaTable(uri).delete(predicate)
+    vacuumed = 0
+    if vacuum:
+        hours = max(1, math.ceil(keep_days * 24))  # never 0: a reader resolving a version right now needs its files
+        for name in (tables.CORPUS_STATS, *PER_VERSION_TABLES):
+            uri = tables.table_uri(warehouse, name)
+            if table_exists(uri):
+                vacuumed += len(DeltaTable(uri).vacuum(retention_hours=hours, dry_run=False,
+                                                       enforce_retention_duration=False))
+    return {"expired_versions": expired, "kept_versions": kept, "vacuumed_files": vacuumed}

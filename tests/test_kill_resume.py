@@ -1,0 +1,196 @@
+"""Reliability (issue 7): `sira index` and `sira query` killed with SIGKILL part-way, then run again, end exactly
+where an uninterrupted job ends: nothing lost, nothing duplicated, and readers never see a half-written index
+version. Each job runs as a real `python -m jobs.cli` process in a session of its own, so that SIGKILL takes its
+whole process group (the Spark JVM, the local Ray) like an OOM kill or a lost machine would. The enrich case is
+test_enrich_openai.py::test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import TINY_DOCS, TINY_QUERIES, write_beir_folder
+from jobs import index as index_job
+from jobs import ingest as ingest_job
+from jobs import query as query_job
+from pipelines.delta_io import read_table, table_version
+from pipelines.ray_enrich import commit
+from pipelines.shard_loader import IndexNotFound, find_index, load_searcher, published_versions
+from sira_core import tables
+from test_index_enrichment import enrichment_rows
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, like a real run
+INDEX_ARGS = ["--preset", "sira", "--shards", "2", "--enrichment", "--tau", "0.25", "--spark-master", "local[2]"]
+# The build's data tables in the order it writes them, each with the key a version's rows must not repeat.
+INDEX_TABLE_KEYS = {
+    tables.TERM_STATS: ("term_id",),
+    tables.SHARD_DOCS: ("doc_id",),
+    tables.POSTINGS: ("shard", "term_id"),
+    tables.INJECTIONS: ("doc_id", "position"),
+}
+QUERY_COMMIT = 256  # `sira query` commits one scoring batch of this many queries at a time (its default)
+NUM_QUERIES = 4 * QUERY_COMMIT
+
+
+@pytest.fixture(scope="module")
+def base_warehouse(tmp_path_factory, tiny_beir, spark) -> Path:
+    """The state every job here starts from: the tiny corpus, some enrichment and index v1 (plain) published."""
+    wh = tmp_path_factory.mktemp("kill") / "base"
+    ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=str(wh)))
+    commit(str(wh), enrichment_rows(read_table(f"{wh}/docs"), {
+        "d02": ["myocardial infarction", "blood", "antiplatelet"], "d04": ["hyperglycemia"], "d09": ["espresso"]}))
+    index_job.run(index_job.IndexConfig(warehouse=str(wh), preset="pyserini-flat", shards=1, enrichment=False),
+                  spark=spark)
+    return wh
+
+
+def copy_of(base: Path, to: Path) -> str:
+    return str(shutil.copytree(base, to))
+
+
+def start_job(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=JOB_ENV, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_when(proc: subprocess.Popen, log: Path, landed: Callable[[], bool], timeout_s: float = 600) -> None:
+    """SIGKILL the job's whole process group as soon as `landed()` holds."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not landed():
+            assert proc.poll() is None, f"the job ended before the kill point:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the kill point never came:\n{log.read_text()}"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_job(args: list[str], log: Path) -> None:
+    proc = start_job(args, log)
+    try:
+        assert proc.wait(timeout=600) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def committed_since(uri: str) -> Callable[[], bool]:
+    """True once the Delta table at `uri` has a commit it did not have now."""
+    before = table_version(uri)
+    return lambda: table_version(uri) != before
+
+
+def version_rows(wh: str, table: str, version: int) -> list[dict]:
+    return read_table(tables.table_uri(wh, table), filters=[("index_version", "=", version)]).to_pylist()
+
+
+def rankings(wh: str, queries: list[str]) -> dict[str, list[tuple[str, float]]]:
+    searcher, _ = load_searcher(wh)
+    return {q: [(h.doc_id, h.score) for h in searcher.search(q, k=len(TINY_DOCS))] for q in queries}
+
+
+def vocabulary() -> list[str]:
+    return sorted({w for d in TINY_DOCS for w in re.findall(r"\w+", f"{d['title']} {d['text']}".lower())})
+
+
+def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index(base_warehouse, tmp_path, spark):
+    wh = copy_of(base_warehouse, tmp_path / "killed")
+    reference = copy_of(base_warehouse, tmp_path / "reference")
+    index_job.run(index_job.IndexConfig(warehouse=reference, preset="sira", shards=2, enrichment=True, tau=0.25),
+                  spark=spark)  # the same job as INDEX_ARGS, uninterrupted
+    previous = find_index(wh)["index_version"]
+    new = previous + 1
+    queries = [*TINY_QUERIES.values(), *vocabulary()]
+    previous_rankings = rankings(wh, queries)
+    command = ["index", "--warehouse", wh, *INDEX_ARGS]
+
+    # Kill the build right after its postings commit: term_stats, shard_docs and postings of version `new` are
+    # written, the injections and the publishing corpus_stats row are not.
+    log = tmp_path / "killed.log"
+    kill_when(start_job(command, log), log, committed_since(tables.table_uri(wh, tables.POSTINGS)))
+    assert version_rows(wh, tables.POSTINGS, new), "the kill came before the build wrote its postings"
+    assert [r["index_version"] for r in published_versions(wh)] == [previous], \
+        f"the kill came after the publish:\n{log.read_text()}"
+    # Readers keep the previous version, whole, and cannot ask for the half-written one.
+    assert find_index(wh)["index_version"] == previous
+    with pytest.raises(IndexNotFound):
+        find_index(wh, index_version=new)
+    assert rankings(wh, queries) == previous_rankings
+
+    # The rerun: the same job in this process (its Spark session is up already; a JVM start is slow on 2 cores).
+    index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, enrichment=True, tau=0.25), spark=spark)
+    published = [r["index_version"] for r in published_versions(wh)]
+    assert published == [previous, new]  # the half-written version's number is reused, and published once
+    manifest, expected = find_index(wh), find_index(reference)
+    skip = {"built_at", *(f"{table}_table_version" for table in INDEX_TABLE_KEYS)}  # commit counts differ
+    assert {c: v for c, v in manifest.items() if c not in skip} == {c: v for c, v in expected.items() if c not in skip}
+    assert manifest["phrases_kept"] > 0  # injections too, which the killed build had not reached
+    assert rankings(wh, queries) == rankings(reference, queries)
+    for table, key in INDEX_TABLE_KEYS.items():
+        rows = version_rows(wh, table, new)
+        repeated = [k for k, n in Counter(tuple(r[c] for c in key) for r in rows).items() if n > 1]
+        assert not repeated, f"{table} repeats {key} {repeated[:5]} in version {new}"
+        by_key = lambda r: json.dumps(r, sort_keys=True, default=str)  # noqa: E731
+        assert sorted(rows, key=by_key) == sorted(version_rows(reference, table, new), key=by_key), table
+
+
+def test_killed_query_run_resumes_to_the_runs_of_an_uninterrupted_one(base_warehouse, tmp_path, spark):
+    rng = random.Random(7)
+    words = vocabulary()
+    queries = {f"g{i:04d}": " ".join(rng.sample(words, rng.randint(1, 4))) for i in range(NUM_QUERIES)}
+    folder = write_beir_folder(tmp_path / "bulk", queries=queries, qrels={})
+    wh = copy_of(base_warehouse, tmp_path / "killed")
+    reference = copy_of(base_warehouse, tmp_path / "reference")
+
+    def command(warehouse: str) -> list[str]:
+        return ["query", "--warehouse", warehouse, "--queries", str(folder / "queries.jsonl.gz"), "--run-id", "bulk",
+                "--out", f"{warehouse}.trec", "-k", "10", "--no-expand", "--output-json", f"{warehouse}.json"]
+
+    runs_uri = tables.table_uri(wh, tables.RUNS)
+    log = tmp_path / "killed.log"
+    kill_when(start_job(command(wh), log), log, lambda: table_version(runs_uri) is not None)
+    committed = read_table(runs_uri, columns=["qid"])["qid"].to_pylist()
+    assert 0 < len(committed) < NUM_QUERIES, "the job was not killed part-way"
+    assert len(committed) % QUERY_COMMIT == 0  # whole commits only
+    # A new index version is published before the rerun (as the nightly build would): the resumed run must still
+    # finish on the index its committed queries were scored on, not mix two indexes in one run.
+    index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, enrichment=False), spark=spark)
+
+    run_job(command(wh), tmp_path / "rerun.log")
+    summary = json.loads(Path(f"{wh}.json").read_text())
+    # Nothing redone: the rerun scores exactly the queries the killed job had not committed.
+    assert (summary["scored"], summary["skipped"]) == (NUM_QUERIES - len(committed), len(committed))
+    run_job(command(reference), tmp_path / "reference.log")
+
+    def runs(warehouse: str) -> list[dict]:
+        rows = read_table(tables.table_uri(warehouse, tables.RUNS)).to_pylist()
+        return sorted(({c: r[c] for c in ("run_id", "qid", "query", "program", "doc_ids", "scores",
+                                          "index_version")} for r in rows), key=lambda r: (r["run_id"], r["qid"]))
+
+    resumed, expected = runs(wh), runs(reference)
+    assert [(r["run_id"], r["qid"]) for r in resumed] == [("bulk", q) for q in sorted(queries)]  # one row each
+    assert resumed == expected
+    assert sum(bool(r["doc_ids"]) for r in resumed) > NUM_QUERIES // 2  # most queries match something
+    assert Path(f"{wh}.trec").read_text() == Path(f"{reference}.trec").read_text()
+    # Asked outright to go on with the run on another version, the job refuses (before any work).
+    with pytest.raises(ValueError, match="scored on index v1, not v2"):
+        query_job.run(query_job.QueryConfig(warehouse=wh, queries=str(folder / "queries.jsonl.gz"), run_id="bulk",
+                                            out=tmp_path / "mixed.trec", expand=False, index_version=2))
