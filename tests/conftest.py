@@ -52,6 +52,21 @@ def write_beir_folder(root: Path, docs=TINY_DOCS, queries=TINY_QUERIES, qrels=TI
     return root
 
 
+def require_local_model() -> None:
+    """Skip unless the `local` extra (llama.cpp) and its packaged model are installed."""
+    import importlib.util
+
+    from pipelines import local_llm
+
+    # find_spec, not importorskip: llama_cpp must first be imported after pipelines.local_llm (OMP_WAIT_POLICY).
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("the `local` extra is not installed")
+    try:
+        local_llm.resolve_model(local_llm.DEFAULT_LOCAL_MODEL)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="session")
 def tiny_beir(tmp_path_factory) -> Path:
     folder = write_beir_folder(tmp_path_factory.mktemp("data") / "tiny")

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 
 import pandas as pd
 import pytest
 
+from conftest import require_local_model
 from pipelines import local_llm
 from pipelines.llm_backends import OUTPUT_COLUMNS, BackendConfig
 from sira_core.enrichment import document_input, load_template, parse_phrases
@@ -28,13 +28,7 @@ def scifact_docs(n: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def actor():
-    # find_spec, not importorskip: llama_cpp must first be imported after pipelines.local_llm (OMP_WAIT_POLICY).
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("the `local` extra is not installed")
-    try:
-        local_llm.resolve_model(local_llm.DEFAULT_LOCAL_MODEL)
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    require_local_model()
     return local_llm.LocalLLMActor(BackendConfig(backend="local").model_dump_json())
 
 

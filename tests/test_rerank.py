@@ -4,13 +4,12 @@ opting in, and the embedded local model judging real pairs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 from pydantic import ValidationError
 
-from conftest import TINY_DOCS
+from conftest import TINY_DOCS, require_local_model
 from jobs import ingest as ingest_job
 from jobs import run as run_job
 from pipelines.delta_io import read_table
@@ -255,12 +254,7 @@ def test_sira_run_opts_in_logs_the_cost_and_labels_it_not_single_call(tmp_path, 
 def test_local_model_judges_real_pairs(warehouse):
     from pipelines import local_llm
 
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("the `local` extra is not installed")
-    try:
-        local_llm.resolve_model(local_llm.DEFAULT_LOCAL_MODEL)
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    require_local_model()
     # Three judgments: the query's passage, an off-topic one, and a related one.
     hits = {"q1": first_stage(["d09", "d01", "d06"])}
     run, summary = rerank_run(warehouse, {"q1": "heart attack risk"}, hits,
