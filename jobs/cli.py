@@ -441,6 +441,8 @@ def nightly(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     keep_days: float = typer.Option(7.0, "--keep-days", help="delete index versions older than this (the newest "
                                                              "of each kind stays)"),
+    max_delete_fraction: float = typer.Option(0.5, "--max-delete-fraction",
+                                              help="refuse a snapshot that deletes more than this share of the docs"),
     tracking_uri: Optional[str] = TrackingUri,
     experiment: str = typer.Option("sira", help="MLflow experiment"),
     tracking: bool = typer.Option(True, "--tracking/--no-tracking", help="log to MLflow"),
@@ -455,6 +457,7 @@ def nightly(
         backend=_backend(backend, model, base_url, api_key_env=api_key_env, batch_size=batch_size,
                          concurrency=concurrency),
         shards=shards, tau=tau, spark_master=spark_master, ray_address=ray_address, keep_days=keep_days,
+        max_delete_fraction=max_delete_fraction,
         tracking=TrackingConfig(enabled=tracking, tracking_uri=tracking_uri, experiment=experiment)))
     i = summary["ingested"]
     stdout.print(f"index v{summary['index_version']}: {i['inserted']} inserted, {i['updated']} updated, "

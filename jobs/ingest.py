@@ -32,6 +32,9 @@ class IngestConfig(BaseModel):
     mode: Literal["replace", "merge"] = Field(
         "replace", description="replace: the snapshot becomes the table; merge: insert / update / delete by doc id "
                                "and content hash against the current table")
+    max_delete_fraction: float = Field(
+        0.5, ge=0, le=1, description="merge: refuse (and roll back) a snapshot that deletes more than this share of "
+                                     "the current docs: a truncated or wrong file must not empty the corpus; 1: no limit")
 
 
 def reason_kind(reason: str) -> str:
@@ -86,20 +89,33 @@ class _Snapshot:
         return pa.RecordBatchReader.from_batches(tables.DOCS_SCHEMA, self.batches())
 
 
-def _merge(uri: str, snapshot: _Snapshot) -> dict:
+class SnapshotRefused(ValueError):
+    """A merge snapshot would delete too much of the corpus; the docs table was left as it was."""
+
+
+def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float) -> dict:
     """MERGE the snapshot into the docs table in one commit; counts inserted / updated / deleted / unchanged."""
     from deltalake import DeltaTable
 
+    target = DeltaTable(uri)
+    version, current = target.version(), target.to_pyarrow_dataset().count_rows()
     metrics = (
-        DeltaTable(uri)
+        target
         .merge(snapshot.reader(), predicate="t.doc_id = s.doc_id", source_alias="s", target_alias="t")
         .when_matched_update_all(predicate="t.content_hash <> s.content_hash")
         .when_not_matched_insert_all()
         .when_not_matched_by_source_delete()
         .execute()
     )
-    inserted, updated = metrics["num_target_rows_inserted"], metrics["num_target_rows_updated"]
-    return {"inserted": inserted, "updated": updated, "deleted": metrics["num_target_rows_deleted"],
+    inserted, updated, deleted = (metrics[f"num_target_rows_{k}"] for k in ("inserted", "updated", "deleted"))
+    if deleted > max_delete_fraction * current:
+        # The snapshot's size is known only once it has streamed through the MERGE: undo that one commit.
+        DeltaTable(uri).restore(version)
+        raise SnapshotRefused(
+            f"{snapshot.cfg.source}: this snapshot would delete {deleted} of the {current} documents (more than "
+            f"{max_delete_fraction:.0%}; it holds {len(snapshot.seen)} valid records, {len(snapshot.rejected)} "
+            "rejected); the docs table is unchanged. Check the file, or raise --max-delete-fraction if intended")
+    return {"inserted": inserted, "updated": updated, "deleted": deleted,
             "unchanged": len(snapshot.seen) - inserted - updated}
 
 
@@ -108,7 +124,7 @@ def run(cfg: IngestConfig) -> dict:
     docs_uri = tables.table_uri(cfg.warehouse, tables.DOCS)
     before = table_version(docs_uri)
     if cfg.mode == "merge" and table_exists(docs_uri):
-        changes = _merge(docs_uri, snapshot)
+        changes = _merge(docs_uri, snapshot, cfg.max_delete_fraction)
     else:
         # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
         write_table(docs_uri, snapshot.reader(), mode="overwrite")

@@ -41,6 +41,8 @@ class NightlyConfig(BaseModel):
     keep_days: float = Field(7.0, ge=0, description="index versions older than this are deleted (the newest of "
                                                     "each kind is always kept)")
     commit_every: int = Field(256, gt=0, description="enrichment rows per Delta commit")
+    max_delete_fraction: float = Field(0.5, ge=0, le=1, description="refuse a snapshot that deletes more than this "
+                                                                    "share of the docs (a truncated file); 1: no limit")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 
@@ -68,7 +70,7 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
     with tracker.run(f"nightly {cfg.warehouse}", params=cfg,
                      tags={"sira.job": "nightly", "sira.warehouse": cfg.warehouse}) as parent_id:
         ingest = step("ingest", lambda: ingest_job.run(ingest_job.IngestConfig(
-            source=cfg.source, warehouse=cfg.warehouse, mode="merge")),
+            source=cfg.source, warehouse=cfg.warehouse, mode="merge", max_delete_fraction=cfg.max_delete_fraction)),
             lambda s: {**s["changes"], "read": s["read"], "rejected": s["rejected"]})
         changes = ingest["changes"]
         console.log(f"ingest: {changes['inserted']} inserted, {changes['updated']} updated, {changes['deleted']} "

@@ -82,3 +82,16 @@ def test_unknown_source_format_is_a_clear_error(tmp_path):
     (tmp_path / "corpus.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="unknown format"):
         resolve_corpus(str(tmp_path / "corpus.csv"))
+
+
+def test_merge_refuses_a_snapshot_that_would_empty_the_corpus(tmp_path):
+    wh = str(tmp_path / "wh")
+    docs = [json.dumps({"_id": str(i), "text": f"document {i}"}).encode() for i in range(10)]
+    run(IngestConfig(source=str(write_lines(tmp_path / "full.jsonl", docs)), warehouse=wh, mode="merge"))
+    before = read_table(f"{wh}/docs").sort_by("doc_id").to_pylist()
+    truncated = write_lines(tmp_path / "truncated.jsonl", docs[:3] + [b'{"_id": "3", "te'])
+    with pytest.raises(ValueError, match=r"would delete 7 of the 10 documents .*3 valid records, 1 rejected"):
+        run(IngestConfig(source=str(truncated), warehouse=wh, mode="merge"))
+    assert read_table(f"{wh}/docs").sort_by("doc_id").to_pylist() == before  # rolled back
+    s = run(IngestConfig(source=str(truncated), warehouse=wh, mode="merge", max_delete_fraction=1.0))
+    assert s["changes"] == {"inserted": 0, "updated": 0, "deleted": 7, "unchanged": 3}
