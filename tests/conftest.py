@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -50,6 +56,31 @@ def write_beir_folder(root: Path, docs=TINY_DOCS, queries=TINY_QUERIES, qrels=TI
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q, rel in qrels.items() for d, r in rel.items()]
     (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
+
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, like a real run
+
+
+def start_job(args: list[str], log: Path) -> subprocess.Popen:
+    """`python -m jobs.cli ARGS` in a session of its own, so that SIGKILL takes its whole process group (its local
+    Ray and JVM included)."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=JOB_ENV, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_when(proc: subprocess.Popen, log: Path, landed: Callable[[], bool], timeout_s: float = 600) -> None:
+    """SIGKILL the job's whole process group as soon as `landed()` holds."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not landed():
+            assert proc.poll() is None, f"the job ended before the kill point:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the kill point never came:\n{log.read_text()}"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def require_local_model() -> None:

@@ -4,17 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY_DOCS
+from conftest import TINY_DOCS, kill_when, start_job
 from fake_openai import POISON_MARKER, FakeOpenAI, document_of, keywords_for
 from jobs import enrich as enrich_job
 from jobs import ingest as ingest_job
@@ -26,7 +21,6 @@ from sira_core.enrichment import JSON_SCHEMA, document_input, load_template
 pytestmark = pytest.mark.integration
 
 MODEL = "fake-model"
-REPO = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {"documents", "enriched", "skipped", "errors", "input_tokens", "output_tokens", "seconds"}
 DOC_INPUTS = {d["_id"]: document_input(d["title"], d["text"]) for d in TINY_DOCS}
 
@@ -205,22 +199,10 @@ def test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates(t
     wh = make_warehouse(tmp_path, docs)
     uri = tables.table_uri(wh, tables.ENRICHMENT)
     fake_openai.reset("ok", delay_s=0.15)  # slow enough to kill the job between its commits
-    command = [sys.executable, "-m", "jobs.cli", "enrich", "--warehouse", wh, "--backend", "openai",
-               "--base-url", fake_openai.base_url, "--model", MODEL, "--batch-size", "4", "--commit-every", "4"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, like a real run
     log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        # A session of its own, so that SIGKILL takes the job's whole process group, its local Ray included.
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 240
-            while table_version(uri) is None:
-                assert proc.poll() is None, f"the job ended before its first commit:\n{log.read_text()}"
-                assert time.monotonic() < deadline, f"no commit landed:\n{log.read_text()}"
-                time.sleep(0.05)
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc = start_job(["enrich", "--warehouse", wh, "--backend", "openai", "--base-url", fake_openai.base_url,
+                      "--model", MODEL, "--batch-size", "4", "--commit-every", "4"], log)
+    kill_when(proc, log, lambda: table_version(uri) is not None, timeout_s=240)  # after its first commit
     committed = {r["doc_id"] for r in enrichment_rows(wh)}
     assert 0 < len(committed) < len(docs), "the job was not killed part-way"
 

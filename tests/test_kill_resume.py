@@ -12,16 +12,13 @@ import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-from conftest import TINY_DOCS, TINY_QUERIES, write_beir_folder
+from conftest import TINY_DOCS, TINY_QUERIES, kill_when, start_job, write_beir_folder
 from jobs import index as index_job
 from jobs import ingest as ingest_job
 from jobs import query as query_job
@@ -33,8 +30,6 @@ from test_index_enrichment import enrichment_rows
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[1]
-JOB_ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, like a real run
 INDEX_ARGS = ["--preset", "sira", "--shards", "2", "--enrichment", "--tau", "0.25", "--spark-master", "local[2]"]
 # The build's data tables in the order it writes them, each with the key a version's rows must not repeat.
 INDEX_TABLE_KEYS = {
@@ -61,25 +56,6 @@ def base_warehouse(tmp_path_factory, tiny_beir, spark) -> Path:
 
 def copy_of(base: Path, to: Path) -> str:
     return str(shutil.copytree(base, to))
-
-
-def start_job(args: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=JOB_ENV, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def kill_when(proc: subprocess.Popen, log: Path, landed: Callable[[], bool], timeout_s: float = 600) -> None:
-    """SIGKILL the job's whole process group as soon as `landed()` holds."""
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not landed():
-            assert proc.poll() is None, f"the job ended before the kill point:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"the kill point never came:\n{log.read_text()}"
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def run_job(args: list[str], log: Path) -> None:
