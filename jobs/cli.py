@@ -75,7 +75,8 @@ def enrich(
     task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
     max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
     batch_size: int = typer.Option(16, "--batch-size"),
-    concurrency: int = typer.Option(1, help="engine replicas (vllm: one per GPU)"),
+    concurrency: Optional[int] = typer.Option(None, help="engine replicas (vllm: one per GPU; default: local one "
+                                                         "per CPU core, the others 1)"),
     qps: Optional[int] = typer.Option(None, help="openai: requests per second"),
     timeout_s: float = typer.Option(60.0, "--timeout-s"),
     max_retries: int = typer.Option(3, "--max-retries"),
@@ -432,7 +433,8 @@ def nightly(
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     batch_size: int = typer.Option(16, "--batch-size"),
-    concurrency: int = typer.Option(1, help="LLM engine replicas (vllm: one per GPU)"),
+    concurrency: Optional[int] = typer.Option(None, help="LLM engine replicas (vllm: one per GPU; default: local "
+                                                         "one per CPU core, the others 1)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     shards: int = typer.Option(4),

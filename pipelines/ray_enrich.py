@@ -114,9 +114,11 @@ def propose(
     counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
     if todo.num_rows == 0:
         return counters
-    # One input block per commit: a map task emits its output only when its whole block is done, so a single
-    # block would hold every result back until the end and a killed job would lose them all.
-    blocks = [todo.slice(start, commit_every) for start in range(0, todo.num_rows, commit_every)]
+    # Small input blocks (one backend batch, at most one commit): a map task emits its output only when its whole
+    # block is done, so one big block would hold every result back until the end (a killed job would lose them
+    # all), and it would keep every engine but one idle (an actor takes a block at a time).
+    rows = max(1, min(commit_every, backend.batch_size))
+    blocks = [todo.slice(start, rows) for start in range(0, todo.num_rows, rows)]
     ds = ray.data.from_arrow(blocks).map(make_prompt, num_cpus=0.1)
     ds = build_stage(backend, vocabulary, analyzer_json)(ds).map(parse, num_cpus=0.1)
     for chunk in _chunks(ds, commit_every):

@@ -188,7 +188,7 @@ class _OpenAIJudge:
 
     async def _ask_all(self, prompts: list[str]) -> list[dict]:
         cfg = self.cfg
-        in_flight = asyncio.Semaphore(cfg.batch_size * cfg.concurrency)
+        in_flight = asyncio.Semaphore(cfg.batch_size * (cfg.concurrency or 1))
         interval = 1.0 / cfg.qps if cfg.qps else 0.0
         next_start = [0.0]
 

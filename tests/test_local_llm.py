@@ -78,3 +78,95 @@ def test_prompt_formats_put_examples_before_the_document():
     messages = local_llm.chat_messages(prompt, fewshot=True)
     assert [m["role"] for m in messages] == ["user", "assistant"] * len(local_llm.FEWSHOT_EXAMPLES) + ["user"]
     assert messages[-1]["content"] == prompt
+
+
+@pytest.mark.parametrize("text, closed", [
+    ('{"keywords": ["a", "b"', None),  # still open
+    ("no list yet", None),
+    ('{"keywords": ["a", "b"]', '{"keywords": ["a", "b"]}'),  # the model closed the list: close the object
+    ('{"keywords": ["a", "b"]}\n\nDocument:\nnext', '{"keywords": ["a", "b"]}'),  # text after the list is cut
+    ('{"keywords": ["a", "b", "A", "c", "b"', '{"keywords": ["a", "b", "A", "c", "b"]}'),  # second repeat: stop
+    ('{"keywords": ["x \\" y", "z"]', '{"keywords": ["x \\" y", "z"]}'),  # escaped quote inside a phrase
+    ('{"keywords": []', '{"keywords": []}'),
+])
+def test_closed_keyword_list(text, closed):
+    assert local_llm.closed_keyword_list(text) == closed
+
+
+def test_closed_keyword_list_stops_at_max_items():
+    text = '{"keywords": [' + ", ".join(f'"p{i}"' for i in range(12))
+    closed = local_llm.closed_keyword_list(text, max_items=10)
+    assert json.loads(closed) == {"keywords": [f"p{i}" for i in range(10)]}
+
+
+class ScriptedLlama:
+    """Stands in for llama_cpp.Llama in the decoding-order tests: answers free decoding and grammar decoding
+    with scripted texts and records which was asked (the real model is exercised by the integration tests)."""
+
+    def __init__(self, free: str, constrained: str):
+        self.free, self.constrained, self.calls = free, constrained, []
+
+    def create_completion(self, text, grammar=None, stopping_criteria=None, **_):
+        self.calls.append("grammar" if grammar is not None else "free")
+        answer = self.constrained if grammar is not None else self.free
+        if stopping_criteria is not None:  # feed the answer token by token (one character per token here)
+            watch = stopping_criteria[0]
+            watch.llm = self
+            prompt_ids = [0] * 5
+            for i in range(len(answer) + 1):
+                if stopping_criteria(prompt_ids + [ord(c) for c in answer[:i]], None):
+                    answer = answer[:i]
+                    break
+        return {"choices": [{"text": answer, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": len(answer)}}
+
+    def detokenize(self, ids):
+        return "".join(chr(i) for i in ids).encode()
+
+
+def scripted_actor(llm: ScriptedLlama) -> local_llm.LocalLLMActor:
+    actor = object.__new__(local_llm.LocalLLMActor)
+    actor.cfg, actor.llm, actor.prompt_format, actor.grammar = BackendConfig(), llm, "completion-fewshot", object()
+    return actor
+
+
+def test_free_decoding_stops_when_the_list_closes_and_skips_the_grammar():
+    llm = ScriptedLlama('{"keywords": ["renal impairment", "CKD"]}\n\nDocument:\ninvented next doc', "unused")
+    row = scripted_actor(llm).generate("Document:\nMetformin in kidney disease.")
+    assert llm.calls == ["free"]
+    assert json.loads(row["raw_output"]) == {"keywords": ["renal impairment", "CKD"]}
+    assert row["error"] is None and row["input_tokens"] == 7
+
+
+def test_unparseable_free_decoding_falls_back_to_the_grammar():
+    llm = ScriptedLlama("keywords: renal impairment, CKD", '{"keywords": ["renal impairment"]}')
+    row = scripted_actor(llm).generate("Document:\nMetformin in kidney disease.")
+    assert llm.calls == ["free", "grammar"]
+    assert parse_phrases(row["raw_output"]) == (["renal impairment"], None)
+    assert row["input_tokens"] == 14 and row["error"] is None  # both decodings are paid for
+
+
+def test_a_copied_worked_example_is_an_error():
+    copied = json.dumps({"keywords": local_llm.FEWSHOT_EXAMPLES[1][1]})
+    row = scripted_actor(ScriptedLlama(copied, "unused")).generate("Document:\nWind turbines in winter.")
+    assert row["error"] == "the output repeats a worked example's answer"
+
+
+def test_local_stage_runs_one_single_thread_engine_per_core(monkeypatch):
+    """The Ray stage's layout: with concurrency unset, one actor per Ray CPU, each told to use one thread."""
+    import ray
+
+    from pipelines import llm_backends
+
+    seen = {}
+
+    class FakeDataset:
+        def map_batches(self, fn, **kwargs):
+            seen.update(kwargs)
+            return self
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    llm_backends.local_stage(BackendConfig(backend="local"))(FakeDataset())
+    assert seen["concurrency"] == 4 and seen["fn_constructor_kwargs"]["threads"] == 1
+    llm_backends.local_stage(BackendConfig(backend="local", concurrency=2))(FakeDataset())
+    assert seen["concurrency"] == 2 and seen["fn_constructor_kwargs"]["threads"] == 2
