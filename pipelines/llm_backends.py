@@ -78,6 +78,10 @@ class BackendConfig(BaseModel):
             from pipelines.encoder import ENCODER_NAME
 
             return self.encoder.version(ENCODER_NAME)
+        if self.backend == "local":  # the worked examples the local backend adds are part of its prompt
+            from pipelines.local_llm import layout_version
+
+            return f"{template_version}-{layout_version()}"
         return template_version
 
 

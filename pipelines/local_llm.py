@@ -79,6 +79,27 @@ FEWSHOT_EXAMPLES = (
 )
 
 
+QUERY_MARKER = "Query:\n"
+# The query side's worked examples: invented questions, answered with the vocabulary of their evidence and never
+# with the answer (the yes/no question gets no verdict). Without them the base model answers a query template
+# with the template's own words ("phrase", "who", "when"), measured on scifact queries.
+FEWSHOT_QUERY_EXAMPLES = (
+    ("Does metformin raise the risk of lactic acidosis in kidney disease?",
+     ["biguanide", "hyperlactatemia", "CKD", "renal impairment", "eGFR", "plasma lactate", "T2DM"]),
+    ("solar panel output in hot climates",
+     ["photovoltaic", "PV module", "temperature coefficient", "heat derating", "power loss", "desert"]),
+)
+
+
+def layout_version() -> str:
+    """A hash of what this module adds around a template (worked examples, cue): part of the cache key of local
+    proposals, so changing an example re-runs the proposals it shaped instead of reusing them."""
+    import hashlib
+
+    layout = json.dumps([FEWSHOT_EXAMPLES, FEWSHOT_QUERY_EXAMPLES, COMPLETION_CUE, DOCUMENT_MARKER, QUERY_MARKER])
+    return hashlib.sha256(layout.encode()).hexdigest()[:8]
+
+
 def model_cache_dir() -> Path:
     return Path(os.environ.get(MODEL_CACHE_ENV) or Path.home() / ".cache" / "sira" / "models")
 
@@ -130,30 +151,32 @@ def _assembled(packaged: PackagedModel) -> Path:
     return target
 
 
-def _split_prompt(prompt: str) -> tuple[str, str]:
-    """(instructions up to and including the document marker, the document); templates end with the document."""
-    cut = prompt.rfind(DOCUMENT_MARKER)
-    if cut < 0:
-        return "", prompt.rstrip()
-    return prompt[: cut + len(DOCUMENT_MARKER)], prompt[cut + len(DOCUMENT_MARKER):].rstrip()
+def _split_prompt(prompt: str) -> tuple[str, str, str, tuple]:
+    """(instructions up to and including the input marker, the input, the marker, the worked examples for that
+    kind of input); templates end with the document or the query."""
+    for marker, examples in ((DOCUMENT_MARKER, FEWSHOT_EXAMPLES), (QUERY_MARKER, FEWSHOT_QUERY_EXAMPLES)):
+        cut = prompt.rfind(marker)
+        if cut >= 0:
+            return prompt[: cut + len(marker)], prompt[cut + len(marker):].rstrip(), marker, examples
+    return "", prompt.rstrip(), "", ()
 
 
 def completion_text(prompt: str, fewshot: bool) -> str:
     """The text a base model completes: the prompt and the cue; with `fewshot`, the worked examples go between
-    the instructions and the document, in the same Document / JSON output layout."""
-    instructions, document = _split_prompt(prompt)
-    examples = "".join(f"{doc}{COMPLETION_CUE}{json.dumps({'keywords': answer})}\n\n{DOCUMENT_MARKER}"
-                       for doc, answer in FEWSHOT_EXAMPLES) if fewshot and instructions else ""
-    return instructions + examples + document + COMPLETION_CUE
+    the instructions and the input, in the same Document (or Query) / JSON output layout."""
+    instructions, text, marker, examples = _split_prompt(prompt)
+    shots = "".join(f"{example}{COMPLETION_CUE}{json.dumps({'keywords': answer})}\n\n{marker}"
+                    for example, answer in examples) if fewshot else ""
+    return instructions + shots + text + COMPLETION_CUE
 
 
 def chat_messages(prompt: str, fewshot: bool) -> list[dict[str, str]]:
     """The conversation an instruct model answers; with `fewshot`, the worked examples as earlier turns."""
-    instructions, _ = _split_prompt(prompt)
+    instructions, _, _, examples = _split_prompt(prompt)
     turns: list[dict[str, str]] = []
-    if fewshot and instructions:
-        for doc, answer in FEWSHOT_EXAMPLES:
-            turns += [{"role": "user", "content": instructions + doc},
+    if fewshot:
+        for example, answer in examples:
+            turns += [{"role": "user", "content": instructions + example},
                       {"role": "assistant", "content": json.dumps({"keywords": answer})}]
     return turns + [{"role": "user", "content": prompt}]
 
@@ -200,7 +223,7 @@ class _ListClosed:
         return self.closed is not None
 
 
-EXAMPLE_ANSWERS = {tuple(p.lower() for p in answer) for _, answer in FEWSHOT_EXAMPLES}
+EXAMPLE_ANSWERS = {tuple(p.lower() for p in answer) for _, answer in FEWSHOT_EXAMPLES + FEWSHOT_QUERY_EXAMPLES}
 
 
 class LocalLLMActor:

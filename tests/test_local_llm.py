@@ -80,6 +80,18 @@ def test_prompt_formats_put_examples_before_the_document():
     assert messages[-1]["content"] == prompt
 
 
+def test_query_prompts_get_query_examples_and_the_layout_is_in_the_cache_key():
+    prompt = load_template("query", "fact_check").render("Aspirin lowers fever.", 4)
+    text = local_llm.completion_text(prompt, fewshot=True)
+    assert text.endswith("Query:\nAspirin lowers fever.\n\nJSON output:\n") and "Document:" not in text
+    assert text.count("Query:\n") == 1 + len(local_llm.FEWSHOT_QUERY_EXAMPLES)
+    for example, answer in local_llm.FEWSHOT_QUERY_EXAMPLES:
+        assert f"Query:\n{example}{local_llm.COMPLETION_CUE}{json.dumps({'keywords': answer})}" in text
+    version = BackendConfig(backend="local").proposal_version("query-fact_check-abc")
+    assert version == f"query-fact_check-abc-{local_llm.layout_version()}"
+    assert BackendConfig(backend="openai", model="m").proposal_version("query-fact_check-abc") == "query-fact_check-abc"
+
+
 @pytest.mark.parametrize("text, closed", [
     ('{"keywords": ["a", "b"', None),  # still open
     ("no list yet", None),

@@ -43,6 +43,16 @@ def first_run(run_cfg, spark):
     return run_job.run(run_cfg)
 
 
+def test_plan_of_an_empty_warehouse_names_every_stage(run_cfg):
+    from jobs import run as run_job
+
+    stages, seconds = run_job.plan(run_cfg, "tiny", run_cfg.warehouse)  # before first_run fills the warehouse
+    assert stages[:2] == [f"ingest {run_cfg.dataset}", "index (plain)"]
+    assert stages[2].startswith("enrich 12 documents (encoder)") and stages[3] == "index (enriched)"
+    assert stages[4:] == ["expand 5 queries (encoder)", "evaluate bm25, doc, query, sira"]
+    assert seconds > 0
+
+
 def test_run_evaluates_all_variants_and_logs_them_to_mlflow(first_run, run_cfg, tracking):
     from mlflow.tracking import MlflowClient
 
