@@ -238,13 +238,18 @@ class LocalLLMActor:
     instead of 5.9 s. (llama-cpp-python's chat handlers drop a caller's stopping criterion, so the chat formats
     decode freely to the end of the answer; the fallback is the same.)
 
+    `keywords`: the prompts ask for a keyword list (enrichment, query expansion), so the worked examples, the
+    stopping rule and the copied-example check apply; False for other answers (the rerank judge's score), decoded
+    once under `self.grammar`.
     `threads`: llama.cpp threads (default: all cores; the Ray stage runs one 1-thread actor per core).
     `engine_kwargs` of the config override the llama.cpp constructor arguments (n_ctx, n_threads, ...);
     `prompt_format` overrides the model's registered format (for benchmarks)."""
 
-    def __init__(self, config_json: str, prompt_format: PromptFormat | None = None, threads: int | None = None):
+    def __init__(self, config_json: str, prompt_format: PromptFormat | None = None, threads: int | None = None,
+                 keywords: bool = True):
         from llama_cpp import Llama, LlamaGrammar
 
+        self.keywords = keywords
         self.cfg = BackendConfig.model_validate_json(config_json)
         path, packaged_format = resolve_model(self.cfg.model_id())
         threads = threads or os.cpu_count()
@@ -262,8 +267,8 @@ class LocalLLMActor:
                     "error": "empty prompt"}
         started = time.perf_counter()
         try:
-            if self.grammar is None:
-                text, finish, tokens_in, tokens_out = self._complete(prompt)
+            if self.grammar is None or not self.keywords:
+                text, finish, tokens_in, tokens_out = self._complete(prompt, grammar=self.grammar)
             else:
                 text, finish, tokens_in, tokens_out = self._complete(prompt, stop_when_closed=True)
                 if parse_phrases(text)[1] is not None:  # free decoding went astray: pay for the grammar once
@@ -276,7 +281,7 @@ class LocalLLMActor:
         if self.grammar is not None and finish == "length":
             # Grammar-constrained output cut by max_tokens is unfinished JSON: say so rather than "no JSON found".
             error = f"output cut at max_tokens={self.cfg.max_tokens} before the JSON closed"
-        elif self._copied_example(text):
+        elif self.keywords and self._copied_example(text):
             error = "the output repeats a worked example's answer"
         return {"raw_output": text, "input_tokens": tokens_in, "output_tokens": tokens_out,
                 "latency_ms": (time.perf_counter() - started) * 1000, "error": error}
@@ -285,7 +290,7 @@ class LocalLLMActor:
         """(text, finish_reason, prompt tokens, generated tokens) of one decoding of `prompt`."""
         from llama_cpp import StoppingCriteriaList
 
-        fewshot = self.prompt_format.endswith("-fewshot")
+        fewshot = self.prompt_format.endswith("-fewshot") and self.keywords
         watch = _ListClosed(self.llm) if stop_when_closed else None
         sampling = {"temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens, "seed": self.cfg.seed,
                     "grammar": grammar, "stopping_criteria": StoppingCriteriaList([watch]) if watch else None}

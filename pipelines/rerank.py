@@ -215,7 +215,7 @@ class _LocalJudge:
 
         from llama_cpp import LlamaGrammar
 
-        self.actor = LocalLLMActor(cfg.model_dump_json())
+        self.actor = LocalLLMActor(cfg.model_dump_json(), keywords=False)  # no keyword examples, one decoding
         # The actor's grammar is the keyword schema; a judgment is one bounded integer.
         self.actor.grammar = LlamaGrammar.from_string(RERANK_GBNF, verbose=False) if cfg.structured_output else None
 

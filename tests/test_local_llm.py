@@ -116,10 +116,11 @@ class ScriptedLlama:
     with scripted texts and records which was asked (the real model is exercised by the integration tests)."""
 
     def __init__(self, free: str, constrained: str):
-        self.free, self.constrained, self.calls = free, constrained, []
+        self.free, self.constrained, self.calls, self.texts = free, constrained, [], []
 
     def create_completion(self, text, grammar=None, stopping_criteria=None, **_):
         self.calls.append("grammar" if grammar is not None else "free")
+        self.texts.append(text)
         answer = self.constrained if grammar is not None else self.free
         if stopping_criteria is not None:  # feed the answer token by token (one character per token here)
             watch = stopping_criteria[0]
@@ -136,9 +137,10 @@ class ScriptedLlama:
         return "".join(chr(i) for i in ids).encode()
 
 
-def scripted_actor(llm: ScriptedLlama) -> local_llm.LocalLLMActor:
+def scripted_actor(llm: ScriptedLlama, keywords: bool = True) -> local_llm.LocalLLMActor:
     actor = object.__new__(local_llm.LocalLLMActor)
     actor.cfg, actor.llm, actor.prompt_format, actor.grammar = BackendConfig(), llm, "completion-fewshot", object()
+    actor.keywords = keywords
     return actor
 
 
@@ -182,3 +184,15 @@ def test_local_stage_runs_one_single_thread_engine_per_core(monkeypatch):
     assert seen["concurrency"] == 4 and seen["fn_constructor_kwargs"]["threads"] == 1
     llm_backends.local_stage(BackendConfig(backend="local", concurrency=2))(FakeDataset())
     assert seen["concurrency"] == 2 and seen["fn_constructor_kwargs"]["threads"] == 2
+
+
+def test_a_judge_prompt_is_decoded_once_under_its_grammar_without_keyword_examples():
+    """The rerank judge's prompt has a `Query:` line too; it must not get the keyword examples or the
+    keyword decoding."""
+    llm = ScriptedLlama("unused", '{"score": 87}')
+    from sira_core.rerank import load_rerank_template, render_judgment
+
+    prompt = render_judgment(load_rerank_template(), "aspirin", "Aspirin lowers fever.")
+    row = scripted_actor(llm, keywords=False).generate(prompt)
+    assert llm.calls == ["grammar"] and row["raw_output"] == '{"score": 87}' and row["error"] is None
+    assert "keywords" not in llm.texts[0]
