@@ -484,6 +484,47 @@ def report(
     stdout.print(f"wrote {summary['report']} and {len(summary['plots'])} plots ({', '.join(summary['datasets'])})")
 
 
+proposals_app = typer.Typer(no_args_is_help=True, help="Move LLM proposals between warehouses as Parquet files.")
+app.add_typer(proposals_app, name="proposals")
+ProposalTable = typer.Option("enrichment", "--table", help="enrichment (corpus side) | expansions (query side)")
+
+
+@proposals_app.command("export")
+def proposals_export(
+    warehouse: str = Warehouse,
+    output: Path = typer.Option(..., "--output", "-o", help="Parquet file to write"),
+    table: str = ProposalTable,
+    model: Optional[str] = typer.Option(None, help="only this model"),
+    prompt_version: Optional[str] = typer.Option(None, "--prompt-version", help="only this prompt version"),
+    include_errors: bool = typer.Option(False, "--include-errors", help="keep rows that recorded an error"),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Write a warehouse's proposals (enrichment or expansions) to one Parquet file with the table's schema."""
+    from pipelines.proposal_transfer import export_proposals
+
+    summary = export_proposals(warehouse, output, table, model, prompt_version, include_errors)
+    stdout.print(f"exported {summary['rows']} {table} rows to {output} "
+                 f"({summary['errors_left_out']} errored rows left out): {summary['versions']}")
+    _write_json(summary, output_json)
+
+
+@proposals_app.command("import")
+def proposals_import(
+    path: Path = typer.Argument(..., help="a Parquet export (file or folder)"),
+    warehouse: str = Warehouse,
+    table: str = ProposalTable,
+    output_json: Optional[Path] = OutputJson,
+):
+    """Merge a Parquet export into a warehouse's proposals; rows for text the warehouse no longer holds are left
+    out, and rows it already has are kept as they are."""
+    from pipelines.proposal_transfer import import_proposals
+
+    summary = import_proposals(warehouse, path, table)
+    stdout.print(f"imported {summary['inserted']} {table} rows from {path}: {summary['already_present']} already "
+                 f"present, {summary['stale']} stale (document changed or gone)")
+    _write_json(summary, output_json)
+
+
 def main() -> None:
     try:
         app()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Literal
@@ -194,7 +195,7 @@ def run(cfg: EvalConfig) -> dict:
     seconds = time.perf_counter() - started
 
     tag = f"sira-{cfg.preset}-{cfg.variant}"
-    run_path = Path(warehouse) / "runs" / f"{dataset.name}-{cfg.split}-{cfg.preset}-{cfg.variant}.trec"
+    run_path = Path(warehouse) / "runs" / f"{_run_name(cfg, dataset.name, manifest)}.trec"
     write_trec_run(run_hits, run_path, tag)
     programs_path = run_path.with_suffix(".programs.jsonl")
     programs_path.write_text("".join(programs[q].model_dump_json() + "\n" for q in qids), encoding="utf-8")
@@ -217,6 +218,18 @@ def run(cfg: EvalConfig) -> dict:
         "rerank": rerank_summary,
         "queries_per_second": len(queries) / seconds if seconds > 0 else None,
     }
+
+
+def _run_name(cfg: EvalConfig, dataset_name: str, manifest: dict) -> str:
+    """dataset-split-preset-variant, then what made the run differ from its peers: the enriched index version (the
+    corpus-side proposer is part of it) and the query-side model, so runs of two proposers do not overwrite each
+    other."""
+    parts = [dataset_name, cfg.split, cfg.preset, cfg.variant]
+    if cfg.enriched:
+        parts.append(f"index{manifest['index_version']}")
+    if cfg.expanded:
+        parts.append(re.sub(r"[^A-Za-z0-9._]+", "_", cfg.backend.model_id()))
+    return "-".join(parts)
 
 
 def _answer_coverage(warehouse: str, run_hits: dict, answers: dict[str, list[str]], ks=(10, 100)) -> dict[str, float]:

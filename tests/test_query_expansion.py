@@ -58,6 +58,8 @@ def test_sira_variant_validates_against_the_enriched_index(warehouse, tiny_beir,
     coffee = {e["phrase"]: e["reason"] for e in programs["cafe caffeine"]["expansions"]}
     assert coffee == {"espresso": "kept", "coffee": "kept"}
     assert set(summary["metrics"]) == {"ndcg@10", "recall@10", "recall@100"}
+    # The run file names the enriched index and the query-side model: runs of two proposers do not overwrite.
+    assert summary["run_file"].endswith(f"-test-sira-sira-index{summary['index_version']}-fake-llm.trec")
 
 
 def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_openai, tmp_path, spark):
