@@ -228,7 +228,7 @@ def _run_name(cfg: EvalConfig, dataset_name: str, manifest: dict) -> str:
     if cfg.enriched:
         parts.append(f"index{manifest['index_version']}")
     if cfg.expanded:
-        parts.append(re.sub(r"[^A-Za-z0-9._]+", "_", cfg.backend.model_id()))
+        parts.append(re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.backend.model_id()))
     return "-".join(parts)
 
 

@@ -154,9 +154,7 @@ def test_killed_query_run_resumes_to_the_runs_of_an_uninterrupted_one(base_wareh
     summary = json.loads(Path(f"{wh}.json").read_text())
     # Nothing redone: the rerun scores exactly the queries the killed job had not committed.
     assert (summary["scored"], summary["skipped"]) == (NUM_QUERIES - len(committed), len(committed))
-    # The uninterrupted reference runs in this process (a third job process would only repeat a Ray start).
-    query_job.run(query_job.QueryConfig(warehouse=reference, queries=str(folder / "queries.jsonl.gz"), run_id="bulk",
-                                        out=Path(f"{reference}.trec"), k=10, expand=False))
+    run_job(command(reference), tmp_path / "reference.log")
 
     def runs(warehouse: str) -> list[dict]:
         rows = read_table(tables.table_uri(warehouse, tables.RUNS)).to_pylist()
