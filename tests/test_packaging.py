@@ -1,0 +1,34 @@
+"""`make env`'s llama.cpp wheel cache: keyed by the pinned version and the build settings, built lean."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def planned(tmp_path, *overrides: str) -> str:
+    """The commands `make env` would run for a fresh environment (nothing is run)."""
+    return subprocess.run(["make", "-n", "env", f"VENV={tmp_path}/venv", f"WHEEL_CACHE={tmp_path}/wheels", *overrides],
+                          cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def wheel_dir(plan: str) -> str:
+    return re.search(r"wheels/(llama-cpp-python-[0-9.]+-[0-9a-f]{12})/\*\.whl", plan).group(1)
+
+
+def test_the_wheel_is_built_once_per_version_and_settings(tmp_path):
+    pinned = re.search(r'"llama-cpp-python==([0-9.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    plan = planned(tmp_path)
+    assert f"'llama-cpp-python=={pinned}'" in plan and wheel_dir(plan).startswith(f"llama-cpp-python-{pinned}-")
+    # Only what the Python package loads is compiled.
+    assert "-DLLAVA_BUILD=OFF" in plan and "-DCMAKE_UNITY_BUILD=ON" in plan
+    assert f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={REPO}/packaging/llama-cpp-skip-common.cmake" in plan
+    assert "set(LLAMA_BUILD_COMMON OFF" in (REPO / "packaging/llama-cpp-skip-common.cmake").read_text()
+    # Other flags, another cached wheel; the same flags from another checkout, the same wheel.
+    assert wheel_dir(planned(tmp_path, "LLAMA_CMAKE_FLAGS=-DGGML_NATIVE=ON")) != wheel_dir(plan)
+    assert wheel_dir(planned(tmp_path / "elsewhere")) == wheel_dir(plan)
