@@ -29,6 +29,6 @@ def test_the_wheel_is_built_once_per_version_and_settings(tmp_path):
     assert "-DLLAVA_BUILD=OFF" in plan and "-DCMAKE_UNITY_BUILD=ON" in plan
     assert f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={REPO}/packaging/llama-cpp-skip-common.cmake" in plan
     assert "set(LLAMA_BUILD_COMMON OFF" in (REPO / "packaging/llama-cpp-skip-common.cmake").read_text()
-    # Other flags, another cached wheel; the same flags from another checkout, the same wheel.
+    # Other flags, another cached wheel; the same flags for another venv and cache folder, the same key (no paths).
     assert wheel_dir(planned(tmp_path, "LLAMA_CMAKE_FLAGS=-DGGML_NATIVE=ON")) != wheel_dir(plan)
     assert wheel_dir(planned(tmp_path / "elsewhere")) == wheel_dir(plan)
