@@ -19,7 +19,7 @@ from sira_core import tables
 def export_proposals(warehouse: str, path: str | Path, table: str = tables.ENRICHMENT, model: str | None = None,
                      prompt_version: str | None = None, include_errors: bool = False) -> dict:
     """Write the rows of `table` (optionally one model / prompt version) to one Parquet file."""
-    schema, _ = _proposal_table(table)
+    schema, key = _proposal_table(table)
     uri = tables.table_uri(warehouse, table)
     if not table_exists(uri):
         raise FileNotFoundError(f"no {table} table in {warehouse}: nothing to export")
@@ -32,7 +32,7 @@ def export_proposals(warehouse: str, path: str | Path, table: str = tables.ENRIC
         rows = rows.filter(pc.is_null(rows["error"]))  # an errored row would only be retried by the importer
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(rows.sort_by([(k, "ascending") for k in _proposal_table(table)[1]]), path, compression="zstd")
+    pq.write_table(rows.sort_by([(k, "ascending") for k in key]), path, compression="zstd")
     return {"table": table, "path": str(path), "rows": rows.num_rows, "errors_left_out": 0 if include_errors else errors,
             "versions": _versions(rows)}
 
@@ -65,14 +65,12 @@ def import_proposals(warehouse: str, path: str | Path, table: str = tables.ENRIC
         docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "content_hash"])
         current = pc.is_in(_pair(rows), value_set=_pair(docs))  # (Arrow joins cannot carry list columns)
         stale, rows = rows.num_rows - pc.sum(current.cast(pa.int64())).as_py(), rows.filter(current)
-    uri = tables.table_uri(warehouse, table)
-    before = _keys(uri, key)
+    present = _keys(tables.table_uri(warehouse, table), key)
+    inserted = sum(k not in present for k in zip(*(rows[k].to_pylist() for k in key)))
     if rows.num_rows:
         commit(warehouse, rows, table)
-    after = _keys(uri, key)
-    return {"table": table, "path": str(path), "rows": read, "stale": stale,
-            "inserted": len(after) - len(before), "already_present": rows.num_rows - (len(after) - len(before)),
-            "versions": _versions(rows)}
+    return {"table": table, "path": str(path), "rows": read, "stale": stale, "inserted": inserted,
+            "already_present": rows.num_rows - inserted, "versions": _versions(rows)}
 
 
 def _proposal_table(table: str):
