@@ -83,6 +83,9 @@ def enrich(
     max_tokens: int = typer.Option(160, "--max-tokens"),
     limit: Optional[int] = typer.Option(None, help="enrich at most this many documents"),
     commit_every: int = typer.Option(256, "--commit-every", help="rows per Delta commit"),
+    retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors",
+                                      help="run documents whose last answer was an error again (--keep-errors: "
+                                           "leave them, e.g. a greedy local model that fails the same way)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     output_json: Optional[Path] = OutputJson,
 ):
@@ -91,6 +94,7 @@ def enrich(
 
     cfg = job.EnrichConfig(
         warehouse=warehouse, task=task, max_n=max_n, limit=limit, commit_every=commit_every, ray_address=ray_address,
+        retry_errors=retry_errors,
         backend=_backend(backend, model, base_url, proposals, entries, api_key_env=api_key_env,
                          batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
                          max_retries=max_retries, max_tokens=max_tokens),

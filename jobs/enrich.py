@@ -19,7 +19,8 @@ class EnrichConfig(BaseModel):
     max_n: int = Field(3, ge=1, le=4, description="longest phrase, in words")
     commit_every: int = Field(256, gt=0, description="rows per Delta commit (the most a killed job can lose)")
     limit: int | None = Field(None, gt=0, description="enrich at most this many documents (smoke runs)")
-    retry_errors: bool = True
+    retry_errors: bool = Field(True, description="run documents whose recorded answer is an error again; "
+                                                "False leaves them (and counts them as skipped)")
     ray_address: str | None = None
     preset: str | None = Field(None, description="encoder: the plain index whose vocabulary is proposed "
                                                  "(default: the newest plain index)")

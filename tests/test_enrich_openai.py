@@ -46,10 +46,11 @@ def make_warehouse(root: Path, docs=TINY_DOCS) -> str:
     return warehouse
 
 
-def run_enrich(warehouse: str, server: FakeOpenAI, limit: int | None = None, **backend) -> dict:
+def run_enrich(warehouse: str, server: FakeOpenAI, limit: int | None = None, retry_errors: bool = True,
+               **backend) -> dict:
     settings = {"timeout_s": 5.0, "max_retries": 2, "retry_base_s": 0.01, "batch_size": 4, **backend}
     cfg = enrich_job.EnrichConfig(
-        warehouse=warehouse, commit_every=5, limit=limit,
+        warehouse=warehouse, commit_every=5, limit=limit, retry_errors=retry_errors,
         backend=BackendConfig(backend="openai", model=MODEL, base_url=server.base_url, **settings),
     )
     return enrich_job.run(cfg)
@@ -185,6 +186,9 @@ def test_poison_doc_errors_alone_and_a_later_rerun_retries_just_that_doc(tmp_pat
     assert errors == {"d05": "HTTP 500 (after 2 attempts)"}
 
     fake_openai.reset("ok")
+    kept = run_enrich(wh, fake_openai, retry_errors=False)  # --keep-errors: the error row stays, nothing is asked
+    assert (kept["documents"], kept["enriched"], kept["skipped"], kept["errors"]) == (12, 0, 12, 0)
+    assert fake_openai.requests == [] and sum(bool(r["error"]) for r in enrichment_rows(wh)) == 1
     second = run_enrich(wh, fake_openai)
     assert (second["documents"], second["enriched"], second["skipped"], second["errors"]) == (12, 1, 11, 0)
     assert [POISON_MARKER in r.prompt for r in fake_openai.requests] == [True]

@@ -32,3 +32,20 @@ def test_the_wheel_is_built_once_per_version_and_settings(tmp_path):
     # Other flags, another cached wheel; the same flags for another venv and cache folder, the same key (no paths).
     assert wheel_dir(planned(tmp_path, "LLAMA_CMAKE_FLAGS=-DGGML_NATIVE=ON")) != wheel_dir(plan)
     assert wheel_dir(planned(tmp_path / "elsewhere")) == wheel_dir(plan)
+
+
+
+def cmake_args(plan: str) -> list[str]:
+    return re.search(r'CMAKE_ARGS="([^"]*)"', plan).group(1).split()
+
+
+def test_avx512_kernels_follow_the_cpu_and_can_be_turned_off(tmp_path):
+    info = Path("/proc/cpuinfo")
+    cpu = set(re.search(r"^flags\s*:(.*)$", info.read_text(), re.M).group(1).split()) if info.exists() else set()
+    args = cmake_args(planned(tmp_path))
+    has_avx512 = {"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"} <= cpu
+    assert ("-DGGML_AVX512=ON" in args) == has_avx512
+    assert ("-DGGML_AVX512_VNNI=ON" in args) == (has_avx512 and "avx512_vnni" in cpu)
+    assert "-DGGML_NATIVE=OFF" in args and not any("AMX" in a for a in args)
+    portable = cmake_args(planned(tmp_path, "LLAMA_AVX512="))
+    assert "-DGGML_AVX2=ON" in portable and not any("AVX512" in a for a in portable)
