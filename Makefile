@@ -13,7 +13,8 @@ SIRA    := $(VENV)/bin/sira
 # evaluated Gemma 3 270M's prompts 1.5x faster than the AVX2 build, single thread (2026-12-01). `make env
 # LLAMA_AVX512=` builds the AVX2-only wheel, e.g. for a fleet of older CPUs. Never AMX (see below).
 CPU_FLAGS := $(shell sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-has_cpu = $(and $(foreach flag,$(1),$(filter $(flag),$(CPU_FLAGS))),ok)
+# `ok` when the CPU has every flag of the list $(1)
+has_cpu = $(if $(filter-out $(CPU_FLAGS),$(1)),,ok)
 LLAMA_AVX512 ?= $(if $(call has_cpu,avx512f avx512cd avx512vl avx512dq avx512bw),-DGGML_AVX512=ON \
                 $(if $(call has_cpu,avx512_vnni),-DGGML_AVX512_VNNI=ON) $(if $(call has_cpu,avx512vbmi),-DGGML_AVX512_VBMI=ON) \
                 $(if $(call has_cpu,avx512_bf16),-DGGML_AVX512_BF16=ON))

@@ -49,3 +49,8 @@ def test_avx512_kernels_follow_the_cpu_and_can_be_turned_off(tmp_path):
     assert "-DGGML_NATIVE=OFF" in args and not any("AMX" in a for a in args)
     portable = cmake_args(planned(tmp_path, "LLAMA_AVX512="))
     assert "-DGGML_AVX2=ON" in portable and not any("AVX512" in a for a in portable)
+    # Every base AVX-512 flag is needed; each extension is added on its own.
+    part = cmake_args(planned(tmp_path, "CPU_FLAGS=avx2 avx512f avx512_vnni"))
+    assert not any("AVX512" in a for a in part)
+    full = cmake_args(planned(tmp_path, "CPU_FLAGS=avx2 avx512f avx512cd avx512vl avx512dq avx512bw avx512_bf16"))
+    assert [a for a in full if "AVX512" in a] == ["-DGGML_AVX512=ON", "-DGGML_AVX512_BF16=ON"]
