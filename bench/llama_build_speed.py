@@ -13,7 +13,7 @@ process (PYTHONPATH puts its `llama_cpp` first) with one single-thread engine, a
 Prompts: the first `--docs` scifact documents under the fact_check template, as bench/enrich_speed.py renders
 them. Builds run in turns (A, B, A, B, ...; `--rounds`), the faster round of each counts, so drifting load on a
 shared machine does not favour one build. Also reported: on how many documents each build's output equals the
-first build's (kernels differ in rounding, so greedy decoding may take another path).
+first build's (kernels differ in rounding, so decoding with the same seed may take another path).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def enrich(
     commit_every: int = typer.Option(256, "--commit-every", help="rows per Delta commit"),
     retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors",
                                       help="run documents whose last answer was an error again (--keep-errors: "
-                                           "leave them, e.g. a greedy local model that fails the same way)"),
+                                           "leave them, e.g. a local model, whose fixed seed fails the same way again)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     output_json: Optional[Path] = OutputJson,
 ):
