@@ -68,6 +68,13 @@ def first_docs(n: int) -> list[dict]:
     return docs
 
 
+def job_prompts(docs: list[dict]) -> list[str]:
+    """The job's order and rendering: documents sorted by doc id, `title. text` cut at 4,000 characters."""
+    template = load_template("doc", TASK)
+    return [template.render(document_input(d.get("title") or "", d.get("text") or ""), MAX_N)
+            for d in sorted(docs, key=lambda d: str(d["_id"]))]
+
+
 def run_one_engine(prompts: list[str], backend: BackendConfig) -> dict:
     from pipelines.local_llm import LocalLLMActor
 
@@ -190,10 +197,7 @@ def measure_local(args) -> dict:
 
     backend = BackendConfig(backend="local", model=args.model)
     docs = first_docs(args.docs)
-    template = load_template("doc", TASK)
-    # The job's order and rendering: documents sorted by doc id, `title. text` cut at 4,000 characters.
-    prompts = [template.render(document_input(d.get("title") or "", d.get("text") or ""), MAX_N)
-               for d in sorted(docs, key=lambda d: str(d["_id"]))]
+    prompts = job_prompts(docs)
 
     with tempfile.TemporaryDirectory(prefix="sira-enrich-speed-") as tmp:
         source = Path(tmp) / "corpus.jsonl"

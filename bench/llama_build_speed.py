@@ -102,12 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least two --build NAME=WHEEL_OR_DIR, each NAME once")
 
     sys.path.insert(0, str(REPO_ROOT))
-    from bench.enrich_speed import MAX_N, TASK, first_docs
-    from sira_core.enrichment import document_input, load_template
+    from bench.enrich_speed import first_docs, job_prompts
 
-    template = load_template("doc", TASK)
-    prompts = [template.render(document_input(d.get("title") or "", d.get("text") or ""), MAX_N)
-               for d in sorted(first_docs(args.docs), key=lambda d: str(d["_id"]))]
+    prompts = job_prompts(first_docs(args.docs))
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="sira-llama-builds-") as tmp:
         prompts_file = Path(tmp) / "prompts.json"
