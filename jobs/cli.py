@@ -59,6 +59,20 @@ def _backend(backend: str, model: str | None = None, base_url: str = "http://127
     return BackendConfig(backend=backend, model=model, base_url=base_url, encoder=encoder, **kwargs)
 
 
+def _key_values(pairs: list[str], option: str) -> dict:
+    """KEY=VALUE options -> a dict; a VALUE that reads as JSON (numbers, true, lists) is taken as JSON, else as text."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 Proposals = typer.Option(None, "--proposals", help="encoder: phrases proposed per text (default: the measured one)")
 Entries = typer.Option(None, "--entries", help="encoder: vocabulary entries, unigram | bigram")
 
@@ -87,6 +101,13 @@ def enrich(
                                       help="run documents whose last answer was an error again (--keep-errors: "
                                            "leave them, e.g. a local model, whose fixed seed fails the same way again)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
+    structured_output: bool = typer.Option(True, "--structured-output/--free-output",
+                                           help="LLMs: constrain the answer to the JSON schema (--free-output: "
+                                                "decode freely; the parser records unusable answers as errors)"),
+    engine_arg: list[str] = typer.Option([], "--engine-arg", help="vllm / local: engine argument KEY=VALUE "
+                                                                  "(repeatable; VALUE read as JSON when it parses)"),
+    sampling_arg: list[str] = typer.Option([], "--sampling-arg", help="vllm: SamplingParams KEY=VALUE, openai: "
+                                                                      "request-body field (repeatable)"),
     output_json: Optional[Path] = OutputJson,
 ):
     """Propose each document's missing search vocabulary (encoder or LLM; incremental, resumable)."""
@@ -97,7 +118,9 @@ def enrich(
         retry_errors=retry_errors,
         backend=_backend(backend, model, base_url, proposals, entries, api_key_env=api_key_env,
                          batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
-                         max_retries=max_retries, max_tokens=max_tokens),
+                         max_retries=max_retries, max_tokens=max_tokens, structured_output=structured_output,
+                         engine_kwargs=_key_values(engine_arg, "--engine-arg"),
+                         sampling_kwargs=_key_values(sampling_arg, "--sampling-arg")),
     )
     summary = job.run(cfg)
     stdout.print(f"documents {summary['documents']}  enriched {summary['enriched']}  skipped {summary['skipped']}  "

@@ -18,7 +18,7 @@ import random
 import time
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sira_core.enrichment import JSON_SCHEMA
 from sira_core.proposers import EncoderProposerConfig
@@ -48,8 +48,18 @@ class BackendConfig(BaseModel):
                                                             "per CPU core of the Ray cluster, the others 1")
     structured_output: bool = True
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vllm / local: extra engine arguments")
+    sampling_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="vllm: extra SamplingParams (ignore_eos, min_tokens, top_p, ...); openai: "
+                                          "extra request-body fields; they override the fields SIRA sets")
     encoder: EncoderProposerConfig = Field(default_factory=EncoderProposerConfig,
                                            description="encoder: the nearest-vocabulary proposer's settings")
+
+    @model_validator(mode="after")
+    def _sampling_kwargs_need_an_engine_that_reads_them(self):
+        if self.sampling_kwargs and self.backend not in ("openai", "vllm"):
+            raise ValueError(f"sampling_kwargs {sorted(self.sampling_kwargs)} apply to the openai and vllm backends; "
+                             f"backend {self.backend!r} decodes with its own settings")
+        return self
 
     def model_id(self) -> str:
         """The model name recorded in the enrichment key."""
@@ -225,7 +235,7 @@ def openai_request(cfg: BackendConfig) -> tuple[dict, dict]:
     body = {"model": cfg.model_id(), "temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": cfg.max_tokens}
     if cfg.structured_output:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "keywords", "schema": JSON_SCHEMA}}
-    return headers, body
+    return headers, {**body, **cfg.sampling_kwargs}
 
 
 def openai_stage(cfg: BackendConfig) -> Callable:
@@ -273,7 +283,7 @@ def vllm_sampling_params(cfg: BackendConfig) -> dict:
     params = {"temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": cfg.max_tokens}
     if cfg.structured_output:
         params["structured_outputs"] = {"json": JSON_SCHEMA}
-    return params
+    return {**params, **cfg.sampling_kwargs}
 
 
 def vllm_processor_config(cfg: BackendConfig):
