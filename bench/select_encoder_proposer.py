@@ -8,7 +8,9 @@ computed once per dataset by the packaged encoder and cached under --cache (as .
     python bench/select_encoder_proposer.py --dataset beir:scifact --split test --only CONFIG_JSON   # report
 
 Per configuration: nDCG@10, Recall@10/100, and against plain BM25 the paired randomization test p-value
-(ranx "fisher", 10,000 permutations) and per-query wins / losses on nDCG@10.
+(`sira_core.metrics.paired_comparison`: 10,000 seeded random swaps; the
+results recorded before 2026-12-02 used ranx "fisher", whose parallel draws its seed does not fix: p differs in the
+third decimal) and per-query wins / losses on nDCG@10.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ranx import Qrels, Run, compare, evaluate
+from ranx import Qrels, Run, evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -200,16 +202,10 @@ def _df_lookup(searcher):
 
 
 def _versus(qrels, base: dict, run: dict) -> dict:
-    q = Qrels.from_dict(qrels)
-    b, r = Run.from_dict(base, name="bm25"), Run.from_dict(run, name="variant")
-    report = compare(q, runs=[b, r], metrics=["ndcg@10"], stat_test="fisher", n_permutations=10000,
-                     max_p=0.05, make_comparable=True)
-    p = report.to_dict()["variant"]["comparisons"]["bm25"]["ndcg@10"] if hasattr(report, "to_dict") else None
-    per_b = evaluate(q, b, "ndcg@10", return_mean=False, make_comparable=True)
-    per_r = evaluate(q, r, "ndcg@10", return_mean=False, make_comparable=True)
-    diff = np.asarray(per_r) - np.asarray(per_b)
-    return {"p_value": None if p is None else round(float(p), 4), "wins": int((diff > 1e-9).sum()),
-            "losses": int((diff < -1e-9).sum())}
+    from sira_core.metrics import paired_comparison
+
+    result = paired_comparison(qrels, base, run, "ndcg@10")
+    return {"p_value": round(result["p_value"], 4), "wins": result["wins"], "losses": result["losses"]}
 
 
 def _ints(s: str) -> list[int]:

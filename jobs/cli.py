@@ -356,6 +356,34 @@ def eval_(
     _write_json(summary, output_json)
 
 
+@app.command()
+def compare(
+    base_run: Path = typer.Argument(..., help="TREC run of the baseline (e.g. the bm25 variant's run_file)"),
+    run_file: Path = typer.Argument(..., metavar="RUN", help="TREC run compared with it"),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
+    split: str = typer.Option("test"),
+    metric: str = typer.Option("ndcg@10", help="a ranx metric"),
+    permutations: int = typer.Option(10_000, min=100, help="random swaps of the paired randomization test"),
+    seed: int = typer.Option(0),
+    output_json: Optional[Path] = OutputJson,
+):
+    """Two TREC runs on a split's judged queries: both means, the difference, the paired randomization test's p
+    and per-query wins / losses / ties."""
+    from sira_core.datasets import resolve_dataset
+    from sira_core.metrics import paired_comparison, read_trec_run
+
+    qrels = resolve_dataset(dataset).qrels(split)
+    summary = {"dataset": dataset, "split": split, "base_run": str(base_run), "run_file": str(run_file),
+               **paired_comparison(qrels, read_trec_run(base_run), read_trec_run(run_file), metric, permutations, seed)}
+    table = Table(title=f"{dataset} / {split}: {run_file.name} against {base_run.name} ({summary['queries']} queries)")
+    for col in ("base", "run", "delta", "p", "wins / losses / ties"):
+        table.add_column(col)
+    table.add_row(f"{summary['base']:.4f}", f"{summary['run']:.4f}", f"{summary['delta']:+.4f}",
+                  f"{summary['p_value']:.4f}", f"{summary['wins']} / {summary['losses']} / {summary['ties']}")
+    stdout.print(table)
+    _write_json(summary, output_json)
+
+
 TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///mlruns/mlflow.db)")
 
 

@@ -1,7 +1,7 @@
 """Document-frequency statistics and the two SIRA DF filters.
 
-Corpus side: a proposed phrase enters a document unless it is already there or its rarest sub-n-gram is too
-common in the ORIGINAL corpus (min DF > tau*|C|); phrases unseen in the corpus are kept.
+Corpus side: a proposed phrase enters a document unless it is already there, repeats one of its own words, or its
+rarest sub-n-gram is too common in the ORIGINAL corpus (min DF > tau*|C|); phrases unseen in the corpus are kept.
 Query side: an expansion phrase is kept when any of its sub-n-grams exists in the enriched index and is
 rare enough to discriminate (0 < DF <= tau*|C|).
 """
@@ -21,7 +21,7 @@ from sira_core.hashing import term_id
 class PhraseDecision:
     phrase: str
     kept: bool
-    reason: str  # kept | in document | too common | no terms
+    reason: str  # kept | in document | repeats a word | too common | no terms
     min_df: int | None
     terms: tuple[str, ...]
 
@@ -39,8 +39,13 @@ def corpus_side_filter(
     num_docs: int,
     tau: float,
 ) -> list[PhraseDecision]:
-    """Decide each proposed phrase: dropped when already in the document (as a token sequence) or when the
-    smallest DF of its sub-n-grams in the ORIGINAL corpus exceeds tau*|C|; phrases unseen there are kept."""
+    """Decide each proposed phrase: dropped when already in the document (as a token sequence), when it repeats
+    one of its own words, or when the smallest DF of its sub-n-grams in the ORIGINAL corpus exceeds tau*|C|;
+    phrases unseen there are kept.
+
+    Repeats: a small model that loses its way writes "diabetes-related-diabetes-diabetes-diabetes" (one "word" to
+    the parser). Its bigram "diabet diabet" is unseen, so the DF rule would keep it and inject "diabet" four times;
+    no search phrase repeats its own word, so such a phrase is dropped whatever its DF."""
     limit = tau * num_docs
     analysed = [(p, analyzer.tokens(p)) for p in phrases]
     terms_of = {p: tuple(analyzer.terms(p)) for p, _ in analysed}
@@ -53,6 +58,9 @@ def corpus_side_filter(
             continue
         if contains_sequence(doc_tokens, tokens):
             out.append(PhraseDecision(phrase, False, "in document", None, terms))
+            continue
+        if len(set(tokens)) < len(tokens):
+            out.append(PhraseDecision(phrase, False, "repeats a word", None, terms))
             continue
         min_df = min(dfs.get(t, 0) for t in terms)
         kept = min_df <= limit

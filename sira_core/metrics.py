@@ -62,3 +62,52 @@ def write_trec_run(run: RunDict, path: str | Path, tag: str) -> None:
         lines.extend(f"{qid} Q0 {doc} {rank} {score:.6f} {tag}" for rank, (doc, score) in enumerate(ranked, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+
+
+def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
+    """A 6-column TREC run file -> {qid: {docno: score}}; a malformed line is a ValueError naming it."""
+    run: dict[str, dict[str, float]] = {}
+    with Path(path).open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            parts = line.split()
+            if len(parts) != 6:
+                raise ValueError(f"{path}:{lineno}: expected 6 columns (qid Q0 docno rank score tag), got {len(parts)}")
+            try:
+                score = float(parts[4])
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: score {parts[4]!r} is not a number") from None
+            run.setdefault(parts[0], {})[parts[2]] = score
+    return run
+
+
+def paired_comparison(qrels: Mapping[str, Mapping[str, int]], base: RunDict, run: RunDict, metric: str = "ndcg@10",
+                      permutations: int = 10_000, seed: int = 0) -> dict:
+    """`run` against `base` on the judged queries: both means, their difference, the two-sided paired
+    randomization test's p and per-query wins / losses / ties. A judged query missing from a run scores 0 there,
+    as in evaluate_run.
+
+    The test swaps the two systems' scores of each query at random (Fisher's randomization test, as ranx's
+    "fisher"), here with numpy's seeded generator: ranx draws in parallel numba threads, whose random state its
+    seed does not fix, so its p changed in the third decimal from one run to the next."""
+    import numpy as np
+
+    if not qrels:
+        raise ValueError("qrels are empty")
+    q = Qrels.from_dict({qid: dict(rel) for qid, rel in qrels.items()})
+    # ranx rejects empty rankings: a query without hits gets one unjudged placeholder, which scores 0.
+    placeholder = {"\x00no-hit": 0.0}
+    a, b = (np.asarray(evaluate(q, Run.from_dict({qid: dict(r.get(qid) or placeholder) for qid in qrels}), metric,
+                                return_mean=False, make_comparable=True), dtype=np.float64) for r in (base, run))
+    diff = b - a
+    observed = abs(diff.mean())
+    rng = np.random.default_rng(seed)
+    extreme = 0
+    for start in range(0, permutations, 1000):  # chunks keep the sign matrix small on large query sets
+        signs = rng.choice((-1.0, 1.0), size=(min(1000, permutations - start), diff.size))
+        extreme += int((np.abs(signs @ diff) / diff.size >= observed - 1e-12).sum())
+    return {"metric": metric, "queries": int(diff.size), "base": float(a.mean()), "run": float(b.mean()),
+            "delta": float(diff.mean()), "p_value": extreme / permutations, "permutations": permutations, "seed": seed,
+            "wins": int((diff > 1e-9).sum()), "losses": int((diff < -1e-9).sum()),
+            "ties": int((np.abs(diff) <= 1e-9).sum())}

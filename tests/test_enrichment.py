@@ -66,7 +66,8 @@ def test_corpus_side_filter_worked_example():
           "cardiac": 2}
     doc_tokens = analyzer.tokens("Cardiac arrest in the elderly")
     decisions = corpus_side_filter(
-        ["heart attack", "blood pressure", "myocardial infarction", "cardiac", "the of", "Elderly"],
+        ["heart attack", "blood pressure", "myocardial infarction", "cardiac", "the of", "Elderly",
+         "heart-attack-heart-attack"],
         doc_tokens, analyzer, lambda terms: {t: df[t] for t in terms if t in df}, num_docs=20, tau=0.1)
     got = {d.phrase: (d.kept, d.reason, d.min_df) for d in decisions}
     assert got == {
@@ -76,6 +77,8 @@ def test_corpus_side_filter_worked_example():
         "cardiac": (False, "in document", None),
         "the of": (False, "no terms", None),          # only stopwords
         "Elderly": (False, "in document", None),      # case-folded like the index
+        # A degenerate item: its bigram "attack heart" is unseen, yet it would inject "heart" and "attack" twice.
+        "heart-attack-heart-attack": (False, "repeats a word", None),
     }
     # Kept phrases inject every n-gram inside the phrase, never across phrases.
     assert decisions[0].terms == ("heart", "attack", "heart attack")

@@ -39,7 +39,7 @@ def enriched_warehouse(tmp_path_factory, tiny_beir, spark):
     docs = read_table(f"{wh}/docs")
     commit(wh, enrichment_rows(docs, {
         "d02": ["myocardial infarction", "blood", "aspirin", "antiplatelet"],  # kept / too common / in doc / kept
-        "d04": ["hyperglycemia"],
+        "d04": ["hyperglycemia", "hyperglycemia-related-hyperglycemia"],  # kept / repeats a word
         "d09": ["espresso"],  # stale: its content changed since it was enriched
     }, stale={"d09"}))
     index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, enrichment=False), spark=spark)
@@ -49,7 +49,7 @@ def enriched_warehouse(tmp_path_factory, tiny_beir, spark):
 
 def test_decisions_are_recorded_with_their_reason(enriched_warehouse):
     manifest = find_index(enriched_warehouse, enriched=True)
-    assert manifest["tau"] == 0.25 and manifest["phrases_proposed"] == 5 and manifest["phrases_kept"] == 3
+    assert manifest["tau"] == 0.25 and manifest["phrases_proposed"] == 6 and manifest["phrases_kept"] == 3
     rows = read_table(f"{enriched_warehouse}/injections",
                       filters=[("index_version", "=", manifest["index_version"])]).to_pylist()
     got = {(r["doc_id"], r["phrase"]): (r["kept"], r["reason"]) for r in rows}
@@ -59,6 +59,7 @@ def test_decisions_are_recorded_with_their_reason(enriched_warehouse):
         ("d02", "aspirin"): (False, "in document"),
         ("d02", "antiplatelet"): (True, "kept"),
         ("d04", "hyperglycemia"): (True, "kept"),
+        ("d04", "hyperglycemia-related-hyperglycemia"): (False, "repeats a word"),
     }
 
 
