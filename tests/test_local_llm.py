@@ -118,10 +118,11 @@ class ScriptedLlama:
     def __init__(self, free: str, constrained: str):
         self.free, self.constrained, self.calls, self.texts = free, constrained, [], []
 
-    def create_completion(self, text, grammar=None, stopping_criteria=None, **_):
-        self.calls.append("grammar" if grammar is not None else "free")
+    def create_completion(self, text, grammar=None, logits_processor=None, stopping_criteria=None, **_):
+        constrained = grammar is not None or logits_processor is not None
+        self.calls.append("grammar" if constrained else "free")
         self.texts.append(text)
-        answer = self.constrained if grammar is not None else self.free
+        answer = self.constrained if constrained else self.free
         if stopping_criteria is not None:  # feed the answer token by token (one character per token here)
             watch = stopping_criteria[0]
             watch.llm = self
@@ -141,7 +142,15 @@ def scripted_actor(llm: ScriptedLlama, keywords: bool = True) -> local_llm.Local
     actor = object.__new__(local_llm.LocalLLMActor)
     actor.cfg, actor.llm, actor.prompt_format, actor.grammar = BackendConfig(), llm, "completion-fewshot", object()
     actor.keywords = keywords
+    actor._grammar_processor = lambda grammar: ScriptedConstraint()
     return actor
+
+
+class ScriptedConstraint:
+    """Stands in for the grammar logits processor, which needs a real model's vocabulary."""
+
+    def close(self):
+        pass
 
 
 def test_free_decoding_stops_when_the_list_closes_and_skips_the_grammar():
@@ -196,3 +205,24 @@ def test_a_judge_prompt_is_decoded_once_under_its_grammar_without_keyword_exampl
     row = scripted_actor(llm, keywords=False).generate(prompt)
     assert llm.calls == ["grammar"] and row["raw_output"] == '{"score": 87}' and row["error"] is None
     assert "keywords" not in llm.texts[0]
+
+
+@pytest.mark.integration
+def test_grammar_on_top_tokens_decodes_what_llama_cpps_grammar_sampler_decodes(actor):
+    """The constrained fallback checks tokens best-first instead of the whole vocabulary: same seeded sampling,
+    same text as llama.cpp's own grammar sampler, on real documents (short answers keep the reference fast)."""
+    template = load_template("doc", "fact_check")
+    for doc in scifact_docs(3)[1:]:
+        prompt = local_llm.completion_text(template.render(document_input(doc["title"], doc["text"]), 3), True)
+        params = {"temperature": actor.cfg.temperature, "seed": actor.cfg.seed, "top_k": local_llm.TOP_K,
+                  "max_tokens": 48, "stop": None}
+        reference = actor.llm.create_completion(prompt, grammar=actor.grammar, **params)["choices"][0]["text"]
+        constrain = local_llm._GrammarOnTopTokens(actor.llm, actor.grammar)
+        try:
+            from llama_cpp import LogitsProcessorList
+
+            ours = actor.llm.create_completion(prompt, logits_processor=LogitsProcessorList([constrain]),
+                                               **params)["choices"][0]["text"]
+        finally:
+            constrain.close()
+        assert ours == reference and reference.lstrip().startswith("{")
