@@ -87,7 +87,6 @@ def test_random_checkpoint_is_a_consistent_qwen3_with_a_chat_tokenizer(tmp_path)
     import json
     from pathlib import Path
 
-    import jinja2
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
@@ -119,6 +118,7 @@ def test_random_checkpoint_is_a_consistent_qwen3_with_a_chat_tokenizer(tmp_path)
     text = "Insulin lowers blood glucose."
     assert tokenizer.decode(tokenizer.encode(text).ids) == text
     tok_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    jinja2 = pytest.importorskip("jinja2")  # installed with the local extra (llama-cpp-python), as in CI
     rendered = jinja2.Template(tok_config["chat_template"]).render(
         messages=[{"role": "user", "content": "Document:\nx"}], add_generation_prompt=True, enable_thinking=False)
     assert rendered == "<|im_start|>user\nDocument:\nx<|im_end|>\n<|im_start|>assistant\n"
