@@ -33,7 +33,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before llama.cpp's OpenMP runtime loads
 
 import argparse
-import gzip
 import json
 import platform
 import sys
@@ -50,7 +49,6 @@ from jobs import enrich as enrich_job  # noqa: E402
 from jobs import ingest as ingest_job  # noqa: E402
 from pipelines.llm_backends import BackendConfig  # noqa: E402
 from pipelines.local_llm import N_CTX, chat_messages, completion_text, resolve_model  # noqa: E402
-from sira_core.datasets import resolve_beir  # noqa: E402
 from sira_core.enrichment import JSON_SCHEMA, document_input, load_template  # noqa: E402
 
 TASK = "fact_check"
@@ -59,13 +57,11 @@ TARGET_RATIO = 0.8
 
 
 def first_docs(n: int) -> list[dict]:
-    docs = []
-    with gzip.open(resolve_beir("scifact", download=False) / "corpus.jsonl.gz", "rt", encoding="utf-8") as fh:
-        for line in fh:
-            docs.append(json.loads(line))
-            if len(docs) == n:
-                break
-    return docs
+    """The first n scifact documents ({_id, title, text}), read by the one corpus reader of the benches."""
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    from random_checkpoint import first_docs as corpus_docs
+
+    return corpus_docs("beir:scifact", n)
 
 
 def job_prompts(docs: list[dict]) -> list[str]:
