@@ -366,9 +366,10 @@ def compare(
     permutations: int = typer.Option(10_000, min=100, help="random swaps of the paired randomization test"),
     seed: int = typer.Option(0),
     output_json: Optional[Path] = OutputJson,
+    plot: Optional[Path] = typer.Option(None, "--plot", help="also write a PNG of the sorted per-query differences"),
 ):
     """Two TREC runs on a split's judged queries: both means, the difference, the paired randomization test's p
-    and per-query wins / losses / ties."""
+    and per-query wins / losses / ties (each query's two scores go to --output-json)."""
     from sira_core.datasets import resolve_dataset
     from sira_core.metrics import paired_comparison, read_trec_run
 
@@ -381,6 +382,10 @@ def compare(
     table.add_row(f"{summary['base']:.4f}", f"{summary['run']:.4f}", f"{summary['delta']:+.4f}",
                   f"{summary['p_value']:.4f}", f"{summary['wins']} / {summary['losses']} / {summary['ties']}")
     stdout.print(table)
+    if plot is not None:
+        from jobs.report import plot_paired_comparison
+
+        stdout.print(f"wrote {plot_paired_comparison(summary, plot)}")
     _write_json(summary, output_json)
 
 

@@ -105,5 +105,34 @@ def render(results: dict[str, dict], output_dir: str) -> dict:
     return {"report": str(report), "plots": plots, "datasets": sorted(results)}
 
 
+def plot_paired_comparison(summary: dict, path: str | Path) -> str:
+    """One PNG for `sira compare`: each query's difference (run minus base), sorted, wins above the line and losses
+    below, so a mean difference shows whether it comes from many queries or a few."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_query = summary["per_query"]
+    deltas = sorted((s["run"] - s["base"] for s in per_query.values()), reverse=True)
+    colours = ["tab:green" if d > 1e-9 else "tab:red" if d < -1e-9 else "tab:gray" for d in deltas]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.bar(range(len(deltas)), deltas, width=1.0, color=colours)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlim(-0.5, len(deltas) - 0.5)
+    ax.set_xlabel(f"queries, sorted by difference ({summary['queries']})")
+    ax.set_ylabel(f"Δ {summary['metric']}")
+    ax.set_title(f"{summary['dataset']} / {summary['split']}: {Path(summary['run_file']).name} − "
+                 f"{Path(summary['base_run']).name}\n{summary['metric']} {summary['run']:.4f} vs {summary['base']:.4f}, "
+                 f"Δ {summary['delta']:+.4f}, p {summary['p_value']:.4f}, wins / losses / ties "
+                 f"{summary['wins']} / {summary['losses']} / {summary['ties']}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
 def run(cfg: ReportConfig) -> dict:
     return render(collect(cfg), cfg.output_dir)

@@ -85,8 +85,8 @@ def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
 def paired_comparison(qrels: Mapping[str, Mapping[str, int]], base: RunDict, run: RunDict, metric: str = "ndcg@10",
                       permutations: int = 10_000, seed: int = 0) -> dict:
     """`run` against `base` on the judged queries: both means, their difference, the two-sided paired
-    randomization test's p and per-query wins / losses / ties. A judged query missing from a run scores 0 there,
-    as in evaluate_run.
+    randomization test's p, per-query wins / losses / ties and each query's two scores (`per_query`). A judged query
+    missing from a run scores 0 there, as in evaluate_run.
 
     The test swaps the two systems' scores of each query at random (Fisher's randomization test, as ranx's
     "fisher"), here with numpy's seeded generator: ranx draws in parallel numba threads, whose random state its
@@ -98,8 +98,13 @@ def paired_comparison(qrels: Mapping[str, Mapping[str, int]], base: RunDict, run
     q = Qrels.from_dict({qid: dict(rel) for qid, rel in qrels.items()})
     # ranx rejects empty rankings: a query without hits gets one unjudged placeholder, which scores 0.
     placeholder = {"\x00no-hit": 0.0}
-    a, b = (np.asarray(evaluate(q, Run.from_dict({qid: dict(r.get(qid) or placeholder) for qid in qrels}), metric,
-                                return_mean=False, make_comparable=True), dtype=np.float64) for r in (base, run))
+    qids = sorted(qrels)
+    per_query = []
+    for r in (base, run):
+        ranked = Run.from_dict({qid: dict(r.get(qid) or placeholder) for qid in qids})
+        evaluate(q, ranked, metric, make_comparable=True)  # fills ranked.scores[metric], keyed by query id
+        per_query.append(np.array([ranked.scores[metric][qid] for qid in qids], dtype=np.float64))
+    a, b = per_query
     diff = b - a
     observed = abs(diff.mean())
     rng = np.random.default_rng(seed)
@@ -110,4 +115,5 @@ def paired_comparison(qrels: Mapping[str, Mapping[str, int]], base: RunDict, run
     return {"metric": metric, "queries": int(diff.size), "base": float(a.mean()), "run": float(b.mean()),
             "delta": float(diff.mean()), "p_value": extreme / permutations, "permutations": permutations, "seed": seed,
             "wins": int((diff > 1e-9).sum()), "losses": int((diff < -1e-9).sum()),
-            "ties": int((np.abs(diff) <= 1e-9).sum())}
+            "ties": int((np.abs(diff) <= 1e-9).sum()),
+            "per_query": {qid: {"base": float(x), "run": float(y)} for qid, x, y in zip(qids, a, b)}}

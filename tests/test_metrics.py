@@ -1,6 +1,7 @@
 """Run files and the paired comparison of two runs (sira_core.metrics, `sira compare`)."""
 
 import json
+import math
 
 import pytest
 
@@ -29,6 +30,8 @@ def test_paired_comparison_worked_example():
     assert result["base"] == pytest.approx(evaluate_run(QRELS, base)["ndcg@10"])
     assert result["run"] == pytest.approx(1.0) and result["delta"] == pytest.approx(1.0 - result["base"])
     assert (result["wins"], result["losses"], result["ties"], result["queries"]) == (2, 0, 2, 4)
+    assert result["per_query"]["q3"] == {"base": 0.0, "run": 1.0} and result["per_query"]["q1"] == {"base": 1.0, "run": 1.0}
+    assert result["per_query"]["q4"]["base"] == pytest.approx(1 / math.log2(3))  # d at rank 2
     # Two positive differences among four queries: a random swap is as extreme when both keep their sign or both
     # flip (the ties do not matter), 2 of the 4 sign patterns.
     assert result["p_value"] == pytest.approx(0.5, abs=0.05)
@@ -48,9 +51,12 @@ def test_compare_command(tmp_path, tiny_beir):
     write_trec_run({q: {d: float(r) for d, r in rel.items()} for q, rel in qrels.items()}, tmp_path / "run.trec", "run")
     result = CliRunner().invoke(app, ["compare", str(tmp_path / "base.trec"), str(tmp_path / "run.trec"),
                                       "-d", str(tiny_beir), "--permutations", "1000",
-                                      "--output-json", str(tmp_path / "cmp.json")], catch_exceptions=False)
+                                      "--output-json", str(tmp_path / "cmp.json"), "--plot", str(tmp_path / "cmp.png")],
+                            catch_exceptions=False)
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "cmp.json").read_text())
     assert summary["base"] == 0 and summary["run"] == pytest.approx(1.0)
     assert (summary["wins"], summary["losses"], summary["queries"]) == (5, 0, 5)
     assert summary["p_value"] == pytest.approx(2 / 32, abs=0.03)  # only all-kept or all-flipped signs are as extreme
+    assert summary["per_query"]["q2"] == {"base": 0.0, "run": pytest.approx(1.0)}
+    assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
