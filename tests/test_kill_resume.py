@@ -1,7 +1,8 @@
 """Reliability (issue 7): `sira index` and `sira query` killed with SIGKILL part-way, then run again, end exactly
 where an uninterrupted job ends: nothing lost, nothing duplicated, and readers never see a half-written index
-version. Each job runs as a real `python -m jobs.cli` process in a session of its own, so that SIGKILL takes its
-whole process group (the Spark JVM, the local Ray) like an OOM kill or a lost machine would. The enrich case is
+version. Each killed job runs as a real `python -m jobs.cli` process in a session of its own, so that SIGKILL takes
+its whole process group (the Spark JVM, the local Ray) like an OOM kill or a lost machine would; the reruns and the
+uninterrupted references run in this process (a cold JVM or Ray start costs a minute on 2 cores). The enrich case is
 test_enrich_openai.py::test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates."""
 
 from __future__ import annotations
