@@ -138,15 +138,18 @@ def index(
     enrichment: Optional[bool] = typer.Option(None, "--enrichment/--no-enrichment",
                                               help="inject enrichment phrases (default: when the warehouse has them)"),
     tau: float = typer.Option(0.05, help="corpus-side DF filter: drop phrases whose min DF > tau*|C|"),
+    full: bool = typer.Option(False, "--full", help="one segment with every document instead of a new segment on "
+                                                    "top of the newest version of the same kind"),
     output_json: Optional[Path] = OutputJson,
 ):
-    """Build a new index version with Spark (term_stats, corpus_stats, postings, shard_docs)."""
+    """Build and publish a new index version with Spark: only new or changed documents are analysed, and they
+    enter a new segment on top of the newest version of the same kind (a full build when there is none)."""
     from jobs import index as job
 
     summary = job.run(job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
-                                      enrichment=enrichment, tau=tau))
+                                      enrichment=enrichment, tau=tau, full=full))
     console.print(f"published index version {summary['index_version']}: {summary['num_docs']} docs, "
-                  f"{summary['num_terms']} terms, {summary['num_shards']} shards")
+                  f"{summary['num_terms']} terms, {summary['num_shards']} shards, segments {summary['segments']}")
     _write_json(summary, output_json)
 
 

@@ -20,13 +20,18 @@ class IndexConfig(BaseModel):
     tau: float = Field(0.05, gt=0, le=1, description="corpus-side DF filter: drop phrases with min DF > tau*|C|")
     enrichment_model: str | None = None
     enrichment_prompt_version: str | None = None
+    full: bool = Field(False, description="one segment with every document (from the kept analysis) instead of a "
+                                          "new segment on top of the newest version of the same kind")
+    max_segments: int = Field(16, ge=1, description="a build that would leave more segments is a full one")
+    max_dead_fraction: float = Field(0.25, ge=0, le=1, description="... or more tombstoned documents than this "
+                                                                   "share of the documents in its segments")
 
 
 def run(cfg: IndexConfig, spark=None) -> dict:
     from pyspark.sql import SparkSession
 
     from pipelines.delta_io import table_exists
-    from pipelines.spark_index import EnrichmentChoice, build_index
+    from pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_index
     from pipelines.spark_session import get_spark
     from sira_core import tables
     from sira_core.presets import get_preset
@@ -40,7 +45,8 @@ def run(cfg: IndexConfig, spark=None) -> dict:
     own_session = spark is None and SparkSession.getActiveSession() is None
     spark = spark or get_spark(cfg.spark_master, app_name="sira-index")
     try:
-        row = build_index(spark, cfg.warehouse, preset, cfg.shards, choice, log=console.log)
+        row = build_index(spark, cfg.warehouse, preset, cfg.shards, choice, full=cfg.full,
+                          policy=SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction), log=console.log)
     finally:
         if own_session:
             spark.stop()

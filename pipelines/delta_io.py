@@ -28,7 +28,7 @@ def read_table(
     filters: Sequence[tuple] | None = None,
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
-    """Read one version of a table; `filters` are DNF tuples like ("shard", "=", 3)."""
+    """Read one version of a table; `filters` are AND-ed tuples like ("shard", "=", 3) or ("segment", "in", [1, 4])."""
     try:
         dt = DeltaTable(uri, version=version)
     except TableNotFoundError:
@@ -36,9 +36,12 @@ def read_table(
     dataset = dt.to_pyarrow_dataset()
     expr = None
     for col, op, value in filters or ():
-        if op != "=":
+        if op == "=":
+            term = pc.field(col) == value
+        elif op == "in":
+            term = pc.field(col).isin(list(value))
+        else:
             raise ValueError(f"unsupported filter operator {op!r}")
-        term = pc.field(col) == value
         expr = term if expr is None else expr & term
     return dataset.to_table(columns=list(columns) if columns else None, filter=expr)
 

@@ -18,7 +18,6 @@ from pipelines.delta_io import table_exists
 from pipelines.shard_loader import published_versions
 from sira_core import tables
 
-PER_VERSION_TABLES = (tables.TERM_STATS, tables.POSTINGS, tables.SHARD_DOCS, tables.INJECTIONS, tables.VOCABULARY)
 
 
 def _utc(ts: datetime) -> datetime:
@@ -45,14 +44,24 @@ def expire_versions(warehouse: str, keep_days: float, now: datetime | None = Non
     if expired:
         predicate = f"index_version IN ({', '.join(str(v) for v in expired)})"
         DeltaTable(tables.table_uri(warehouse, tables.CORPUS_STATS)).delete(predicate)  # unpublish first
-        for name in PER_VERSION_TABLES:
+        for name in (*tables.PER_VERSION_TABLES, *tables.LAYOUT_1_TABLES):
             uri = tables.table_uri(warehouse, name)
             if table_exists(uri):
                 DeltaTable(uri).delete(predicate)
+        # A segment goes with the last version that lists it (never one a running build has not published yet).
+        listed = lambda rs: {s for r in rs for s in (r.get("segments") or [])}  # noqa: E731
+        orphaned = listed(r for r in rows if r["index_version"] in expired) - listed(
+            r for r in rows if r["index_version"] not in expired)
+        if orphaned:
+            for name in tables.PER_SEGMENT_TABLES:
+                uri = tables.table_uri(warehouse, name)
+                if table_exists(uri):
+                    DeltaTable(uri).delete(f"segment IN ({', '.join(str(s) for s in sorted(orphaned))})")
     vacuumed = 0
     if vacuum:
         hours = max(1, math.ceil(keep_days * 24))  # never 0: a reader resolving a version right now needs its files
-        for name in (tables.CORPUS_STATS, *PER_VERSION_TABLES):
+        for name in (tables.CORPUS_STATS, *tables.PER_VERSION_TABLES, *tables.PER_SEGMENT_TABLES,
+                     *tables.LAYOUT_1_TABLES):
             uri = tables.table_uri(warehouse, name)
             if table_exists(uri):
                 vacuumed += len(DeltaTable(uri).vacuum(retention_hours=hours, dry_run=False,

@@ -30,46 +30,83 @@ def published_versions(warehouse: str) -> list[dict]:
 
 def find_index(warehouse: str, index_version: int | None = None, preset: str | None = None,
                enriched: bool | None = None) -> dict:
-    """The requested version, or the newest published one matching `preset` / `enriched` when given."""
+    """The requested version, or the newest published one matching `preset` / `enriched` when given. Versions of
+    an older index layout are not served (their term ids or tables differ): they count as absent."""
     rows = [
         r for r in published_versions(warehouse)
         if (index_version is None or r["index_version"] == index_version)
         and (preset is None or r["preset"] == preset)
         and (enriched is None or bool(r["enriched"]) == enriched)
     ]
-    if not rows:
+    current = [r for r in rows if r.get("layout") == tables.INDEX_LAYOUT]
+    if not current:
         wanted = {"version": index_version, "preset": preset, "enriched": enriched}
         what = ", ".join(f"{k} {v}" for k, v in wanted.items() if v is not None) or "at all"
-        raise IndexNotFound(f"no published index ({what}) in warehouse {warehouse}; run `sira index`")
-    return rows[-1]
+        older = f" ({len(rows)} built with an older index layout, which this version cannot read)" if rows else ""
+        raise IndexNotFound(f"no published index ({what}) in warehouse {warehouse}{older}; run `sira index`")
+    return current[-1]
 
 
-def load_shard(warehouse: str, manifest: dict, shard: int) -> ShardIndex:
-    v = manifest["index_version"]
-    where = [("index_version", "=", v), ("shard", "=", shard)]
-    docs = read_table(tables.table_uri(warehouse, tables.SHARD_DOCS), manifest["shard_docs_table_version"], where,
-                      ["doc_ord", "doc_id", "doc_len"]).sort_by("doc_ord")
-    ords = docs.column("doc_ord").to_numpy()
-    if not np.array_equal(ords, np.arange(len(ords))):
-        raise ValueError(f"index v{v} shard {shard}: doc ordinals are not 0..{len(ords) - 1}")
-    post = read_table(tables.table_uri(warehouse, tables.POSTINGS), manifest["postings_table_version"], where,
-                      ["term_id", "df", "doc_ords", "tfs"]).sort_by("term_id")
-    doc_ords = post.column("doc_ords").combine_chunks() if post.num_rows else pa.array([], pa.list_(pa.int32()))
-    tfs = post.column("tfs").combine_chunks() if post.num_rows else pa.array([], pa.list_(pa.int32()))
-    lengths = pc.list_value_length(doc_ords).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
+def load_shard(warehouse: str, manifest: dict, shard: int, dfs: DFTable | None = None) -> ShardIndex:
+    """One shard of an index version as CSC arrays: the documents of its segments minus its tombstones, doc
+    ordinals in doc-id order, each term's postings in ordinal order, impacts with the version's statistics."""
+    v, segments = manifest["index_version"], sorted(manifest["segments"])
+    where = [("segment", "in", segments), ("shard", "=", shard)]
+    docs = read_table(tables.table_uri(warehouse, tables.SEGMENT_DOCS), manifest["segment_docs_table_version"], where,
+                      ["segment", "doc_ord", "doc_id", "doc_len"])
+    post = read_table(tables.table_uri(warehouse, tables.SEGMENT_POSTINGS), manifest["segment_postings_table_version"],
+                      where, ["segment", "term_id", "block", "doc_ords", "tfs"])
+    # Number every document of the shard's segments: segment by segment, each in its own ordinal order.
+    seg_of_doc = np.searchsorted(segments, docs.column("segment").to_numpy())
+    per_segment = np.bincount(seg_of_doc, minlength=len(segments))
+    first = np.concatenate([[0], np.cumsum(per_segment)[:-1]])
+    number = first[seg_of_doc] + docs.column("doc_ord").to_numpy()
+    if not np.array_equal(np.sort(number), np.arange(docs.num_rows)):
+        raise ValueError(f"index v{v} shard {shard}: segment doc ordinals are not 0..n-1 in each segment")
+    alive = np.ones(docs.num_rows, dtype=bool)
+    if manifest.get("num_tombstones"):
+        dead = read_table(tables.table_uri(warehouse, tables.TOMBSTONES), manifest["tombstones_table_version"],
+                          [("index_version", "=", v), ("shard", "=", shard)], ["segment", "doc_ord"])
+        alive[first[np.searchsorted(segments, dead.column("segment").to_numpy())]
+              + dead.column("doc_ord").to_numpy()] = False
+    # The shard's ordinals follow doc-id order over the live documents (the merge tie-break depends on it).
+    by_number = np.argsort(number)
+    live_rows = by_number[alive[number[by_number]]]
+    doc_ids = docs.column("doc_id").take(pa.array(live_rows))
+    order = pc.sort_indices(doc_ids).to_numpy()
+    live_rows, doc_ids = live_rows[order], doc_ids.take(pa.array(order))
+    ordinal_of = np.full(docs.num_rows, -1, dtype=np.int64)
+    ordinal_of[number[live_rows]] = np.arange(len(live_rows))
+
+    lengths = pc.list_value_length(post.column("doc_ords")).to_numpy(zero_copy_only=False).astype(np.int64)
+    row_first = first[np.searchsorted(segments, post.column("segment").to_numpy())]
+    ords = ordinal_of[np.repeat(row_first, lengths) + _flat(post.column("doc_ords"))]
+    terms = np.repeat(post.column("term_id").to_numpy(), lengths)
+    tfs = _flat(post.column("tfs"))
+    kept = ords >= 0
+    ords, terms, tfs = ords[kept], terms[kept], tfs[kept]
+    order = np.lexsort((ords, terms))
+    ords, terms, tfs = ords[order], terms[order], tfs[order]
+    starts = np.flatnonzero(np.concatenate([[True], terms[1:] != terms[:-1]])) if len(terms) else np.empty(0, np.int64)
+    term_ids = terms[starts]
+    dfs = dfs or load_df_table(warehouse, manifest)
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
     return ShardIndex.from_postings(
         shard=shard,
-        doc_ids=np.asarray(docs.column("doc_id").to_pylist(), dtype=object),
-        doc_lens=docs.column("doc_len").to_numpy(),
-        term_ids=post.column("term_id").to_numpy(),
-        dfs=post.column("df").to_numpy(),
-        postings_offsets=offsets,
-        postings_ords=pc.list_flatten(doc_ords).to_numpy(zero_copy_only=False),
-        postings_tfs=pc.list_flatten(tfs).to_numpy(zero_copy_only=False),
+        doc_ids=np.asarray(doc_ids.to_pylist(), dtype=object),
+        doc_lens=docs.column("doc_len").to_numpy()[live_rows],
+        term_ids=term_ids,
+        dfs=dfs.of_ids(term_ids, f"index v{v} shard {shard}"),
+        postings_offsets=np.concatenate([starts, [len(terms)]]).astype(np.int64),
+        postings_ords=ords.astype(np.int32),
+        postings_tfs=tfs,
         stats=stats,
     )
+
+
+def _flat(column) -> np.ndarray:
+    chunks = [pc.list_flatten(c).to_numpy(zero_copy_only=False) for c in column.chunks]
+    return np.concatenate(chunks) if chunks else np.empty(0, np.int32)
 
 
 def load_searcher(
@@ -79,7 +116,8 @@ def load_searcher(
     """A searcher over all (or some) shards of one published index version, and its manifest row."""
     manifest = find_index(warehouse, index_version, preset, enriched)
     wanted = range(manifest["num_shards"]) if shards is None else shards
-    loaded = [load_shard(warehouse, manifest, s) for s in wanted]
+    dfs = load_df_table(warehouse, manifest)
+    loaded = [load_shard(warehouse, manifest, s, dfs) for s in wanted]
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
     analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
     return Searcher(loaded, stats, analyzer), manifest

@@ -1,116 +1,235 @@
-"""The Spark index build: docs (Delta) -> term_stats, shard_docs, postings, corpus_stats (Delta).
+"""The Spark index build: docs (+ the corpus-side enrichment) -> one published index version, incrementally.
 
-Every row carries `index_version`. The data tables are written first (a rerun of a failed build replaces
-its own partial version with `replaceWhere`), and the `corpus_stats` row is appended last: readers only
-see versions that have that row, so they never see a half-written index.
+An index version (layout 2, see sira_core.tables) is a list of immutable segments minus the version's tombstones,
+with its own term statistics. One build runs these steps, each a function below:
+
+1. `analyse_documents`: documents with no kept analysis for this analyzer are analysed (BatchAnalyzer inside
+   mapInArrow); their new terms go to `term_dictionary` first, then the analysis to `doc_analysis`. A night
+   analyses only what is new or changed.
+2. `analyse_phrases` (enriched): the same for the DF-independent checks of each document's enrichment phrases.
+3. `original_df`: DF in the original corpus (the corpus-side DF rule and `term_stats.df`).
+4. `decide_injections` (enriched): the DF rule over every candidate phrase; each doc's injected terms and key.
+5. `plan_segments`: against the base (the newest published version of the same kind), the documents that leave
+   (tombstones) and those that enter a new segment. A full build (one segment with every document, from the
+   kept analysis) when there is no base, when asked, or when the base has too many segments or dead documents.
+6. `write_segment`: doc ordinals (doc-id order per shard), `segment_docs`, and postings inverted per block of
+   POSTINGS_BLOCK_DOCS ordinals in Python (applyInArrow): no row, task or Python call holds a posting list
+   longer than a block, however common the term.
+7. `term_statistics`: df, df_enriched, cf; from the base's plus what entered minus what left when incremental.
+8. `publish`: the corpus_stats row, last: readers only see versions that have it. Every data row of a version
+   is keyed by it (or by its new segment), and a rerun of a killed build replaces them (`replaceWhere`).
+
+The published index equals a full rebuild's (tests/test_incremental_index.py compares the tables and rankings).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+import hashlib
+import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Callable, Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
 from pipelines.delta_io import read_table, table_exists, table_version
 from sira_core import tables
-from sira_core.analysis import Analyzer, AnalyzerConfig, index_text, ngrams
-from sira_core.dfstats import corpus_side_filter
-from sira_core.hashing import shard_of, term_id
+from sira_core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, index_text
+from sira_core.dfstats import phrase_candidates
+from sira_core.hashing import TERM_ID_SCHEME, doc_hash, term_id
 from sira_core.presets import IndexPreset
-
-ANALYZED_SCHEMA = (
-    "doc_id string, shard int, doc_len int, terms array<string>, term_ids array<bigint>, tfs array<int>, "
-    "decisions array<struct<phrase:string, kept:boolean, reason:string, min_df:bigint>>"
-)
-_ANALYZED_ARROW = pa.schema([
-    ("doc_id", pa.string()), ("shard", pa.int32()), ("doc_len", pa.int32()), ("terms", pa.list_(pa.string())),
-    ("term_ids", pa.list_(pa.int64())), ("tfs", pa.list_(pa.int32())),
-    ("decisions", pa.list_(pa.struct([("phrase", pa.string()), ("kept", pa.bool_()), ("reason", pa.string()),
-                                      ("min_df", pa.int64())]))),
-])
-_PHRASE_TERMS_ARROW = pa.schema([("doc_id", pa.string()), ("term", pa.string())])
 
 
 class TermIdCollision(RuntimeError):
     pass
 
 
-def analyze_batches(analyzer_json: str, num_shards: int, num_docs: int = 0, tau: float = 0.0):
-    """mapInArrow function: documents (+ optional `phrases` and their original-corpus `df_map`) ->
-    (doc_id, shard, doc_len, terms, term_ids, tfs, decisions). Kept phrases are injected into the same field,
-    each analysed on its own, so the document length grows by their terms. Runs on executors."""
+def spark_ddl(schema: pa.Schema) -> str:
+    """A Spark DDL string for an Arrow schema of sira_core.tables (the one place schemas are spelled)."""
+    def sql(t: pa.DataType) -> str:
+        if pa.types.is_list(t):
+            return f"array<{sql(t.value_type)}>"
+        if pa.types.is_struct(t):
+            return "struct<" + ", ".join(f"{f.name}:{sql(f.type)}" for f in t) + ">"
+        return {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int", pa.bool_(): "boolean",
+                pa.float64(): "double"}[t]
+    return ", ".join(f"{f.name} {sql(f.type)}" for f in schema)
+
+
+def _without(schema: pa.Schema, *names: str) -> pa.Schema:
+    return pa.schema([f for f in schema if f.name not in names])
+
+
+def analyzer_key(analyzer_json: str) -> str:
+    """Keys kept analyses: the analyzer's settings and the term-id scheme."""
+    return hashlib.blake2b(f"{analyzer_json}|terms{TERM_ID_SCHEME}".encode(), digest_size=8).hexdigest()
+
+
+# ---------------------------------------------------------------- Python workers (mapInArrow / applyInArrow) -----
+
+_ANALYZERS: dict[str, BatchAnalyzer] = {}
+_SENT: dict[str, "SentTerms"] = {}
+
+
+def _batch_analyzer(analyzer_json: str) -> BatchAnalyzer:
+    """One per Python worker and analyzer: its word and stem caches carry over from task to task."""
+    if analyzer_json not in _ANALYZERS:
+        _ANALYZERS[analyzer_json] = BatchAnalyzer(AnalyzerConfig.model_validate_json(analyzer_json))
+    return _ANALYZERS[analyzer_json]
+
+
+class SentTerms:
+    """Term ids this worker already sent to the dictionary during one build (sorted), so a frequent term is sent
+    once per worker rather than once per batch. Past `limit` ids it starts afresh: a term sent twice costs a row
+    (the dictionary merge drops it), never correctness."""
+
+    def __init__(self, limit: int = 20_000_000):
+        self.ids = np.empty(0, dtype=np.int64)
+        self.limit = limit
+
+    def fresh(self, sorted_ids: np.ndarray) -> np.ndarray:
+        """Positions in `sorted_ids` not sent yet; they count as sent from now on."""
+        pos = np.searchsorted(self.ids, sorted_ids)
+        known = pos < len(self.ids)
+        known[known] = self.ids[pos[known]] == sorted_ids[known]
+        fresh = np.flatnonzero(~known)
+        if len(self.ids) + len(fresh) > self.limit:
+            self.ids = sorted_ids[fresh]
+        else:
+            self.ids = np.insert(self.ids, pos[fresh], sorted_ids[fresh])
+        return fresh
+
+
+def _sent_terms(build_id: str) -> SentTerms:
+    # Scoped to one build: workers outlive builds, and another build (another warehouse) needs its own terms sent.
+    if build_id not in _SENT:
+        _SENT.clear()
+        _SENT[build_id] = SentTerms()
+    return _SENT[build_id]
+
+
+# The analysis output: a document row (term_id and term null) or a dictionary row (only term_id and term set).
+ANALYSIS_OUT = pa.schema([*_without(tables.DOC_ANALYSIS_SCHEMA, "analyzer_key"), *tables.TERM_DICTIONARY_SCHEMA])
+PHRASES_OUT = pa.schema([*_without(tables.PHRASE_ANALYSIS_SCHEMA, "analyzer_key"), *tables.TERM_DICTIONARY_SCHEMA])
+
+
+def _with_dictionary_rows(doc_rows: dict, schema: pa.Schema, term_ids: np.ndarray, terms: list[str]) -> pa.Table:
+    n, m = len(next(iter(doc_rows.values()))), len(term_ids)
+    docs = pa.table({**doc_rows, "term_id": pa.nulls(n, pa.int64()), "term": pa.nulls(n, pa.string())}, schema=schema)
+    vocab = pa.table({**{f.name: pa.nulls(m, f.type) for f in schema if f.name not in ("term_id", "term")},
+                      "term_id": pa.array(term_ids, pa.int64()), "term": pa.array(terms, pa.string())}, schema=schema)
+    return pa.concat_tables([docs, vocab])
+
+
+def analyze_documents(analyzer_json: str, build_id: str):
+    """mapInArrow: (doc_id, content_hash, title, text) -> analysis rows + the dictionary rows of new terms."""
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        analyzer, sent = _batch_analyzer(analyzer_json), _sent_terms(build_id)
+        for batch in batches:
+            ids = batch.column("doc_id").to_pylist()
+            terms = analyzer.analyze([index_text(title, text) for title, text in
+                                      zip(batch.column("title").to_pylist(), batch.column("text").to_pylist())])
+            offsets = pa.array(terms.offsets.astype(np.int32))
+            fresh = sent.fresh(terms.vocab_ids)
+            yield from _with_dictionary_rows({
+                "doc_id": batch.column("doc_id").cast(pa.string()),
+                "content_hash": batch.column("content_hash").cast(pa.string()),
+                "doc_hash": pa.array([doc_hash(d) for d in ids], pa.int64()),
+                "doc_len": pa.array(terms.doc_lens, pa.int32()),
+                "term_ids": pa.ListArray.from_arrays(offsets, pa.array(terms.term_ids, pa.int64())),
+                "tfs": pa.ListArray.from_arrays(offsets, pa.array(terms.tfs, pa.int32())),
+            }, ANALYSIS_OUT, terms.vocab_ids[fresh], terms.vocab_terms(fresh)).to_batches()
+
+    return fn
+
+
+def analyze_phrases(analyzer_json: str):
+    """mapInArrow: (doc_id, content_hash, phrases_key, phrases, title, text) -> each phrase's DF-independent
+    decision and its term counts, + dictionary rows of the phrase terms (they may be injected)."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         analyzer = Analyzer(AnalyzerConfig.model_validate_json(analyzer_json))
         for batch in batches:
-            out = {name: [] for name in _ANALYZED_ARROW.names}
             cols = batch.to_pydict()
-            phrases_col = cols.get("phrases") or [None] * batch.num_rows
-            df_maps = cols.get("df_map") or [None] * batch.num_rows
-            for doc_id, title, text, phrases, df_map in zip(cols["doc_id"], cols["title"], cols["text"],
-                                                           phrases_col, df_maps):
-                tokens = analyzer.tokens(index_text(title, text))
-                counts = Counter(ngrams(tokens, analyzer.config.max_n))
-                decisions = []
-                if phrases:
-                    lookup = {e["term"]: e["df"] for e in df_map or []}
-                    decisions = corpus_side_filter(phrases, tokens, analyzer, lambda ts: lookup, num_docs, tau)
-                    for d in decisions:
-                        if d.kept:
-                            counts.update(d.terms)
-                terms = list(counts)
-                out["doc_id"].append(doc_id)
-                out["shard"].append(shard_of(doc_id, num_shards))
-                out["doc_len"].append(sum(counts.values()))
-                out["terms"].append(terms)
-                out["term_ids"].append([term_id(t) for t in terms])
-                out["tfs"].append([counts[t] for t in terms])
-                out["decisions"].append([{"phrase": d.phrase, "kept": d.kept, "reason": d.reason, "min_df": d.min_df}
-                                         for d in decisions])
-            yield pa.RecordBatch.from_pydict(out, schema=_ANALYZED_ARROW)
+            candidates, spelled = [], {}
+            for phrases, title, text in zip(cols["phrases"], cols["title"], cols["text"]):
+                doc_tokens = analyzer.tokens(index_text(title, text))
+                rows = []
+                for c in phrase_candidates(phrases or [], doc_tokens, analyzer):
+                    counts: dict[int, int] = {}
+                    for t in c.terms:
+                        tid = spelled.setdefault(t, term_id(t))
+                        counts[tid] = counts.get(tid, 0) + 1
+                    ids = sorted(counts)
+                    rows.append({"phrase": c.phrase, "reason": c.reason, "term_ids": ids,
+                                 "tfs": [counts[i] for i in ids]})
+                candidates.append(rows)
+            yield from _with_dictionary_rows({
+                "doc_id": batch.column("doc_id").cast(pa.string()),
+                "content_hash": batch.column("content_hash").cast(pa.string()),
+                "phrases_key": batch.column("phrases_key").cast(pa.string()),
+                "candidates": pa.array(candidates, pa.list_(tables.CANDIDATE_TYPE)),
+            }, PHRASES_OUT, np.array(list(spelled.values()), np.int64), list(spelled)).to_batches()
 
     return fn
 
 
-def phrase_terms_batches(analyzer_json: str):
-    """mapInArrow function: (doc_id, phrases) -> distinct (doc_id, term) over the phrases' sub-n-grams."""
-
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        analyzer = Analyzer(AnalyzerConfig.model_validate_json(analyzer_json))
-        for batch in batches:
-            ids, terms = [], []
-            for doc_id, phrases in zip(batch.column("doc_id").to_pylist(), batch.column("phrases").to_pylist()):
-                for t in sorted(set(analyzer.terms_of_phrases(phrases or []))):
-                    ids.append(doc_id)
-                    terms.append(t)
-            yield pa.RecordBatch.from_pydict({"doc_id": ids, "term": terms}, schema=_PHRASE_TERMS_ARROW)
-
-    return fn
+POSTINGS_OUT = _without(tables.SEGMENT_POSTINGS_SCHEMA, "segment")
 
 
-def next_index_version(warehouse: str) -> int:
-    uri = tables.table_uri(warehouse, tables.CORPUS_STATS)
-    if not table_exists(uri):
-        return 1
-    versions = read_table(uri, columns=["index_version"]).column("index_version").to_pylist()
-    return max(versions, default=0) + 1
+def invert_block(block: pa.Table) -> pa.Table:
+    """applyInArrow over one (shard, block) group of documents (doc_ord, term_ids, tfs[, inj_term_ids, inj_tfs])
+    -> one postings row per term: its doc ordinals (ascending) and tfs. Injected terms add to the tf of a term
+    the document already has."""
+    ords = block.column("doc_ord").to_numpy()
+    parts = [("term_ids", "tfs")]
+    if "inj_term_ids" in block.column_names and block.column("inj_term_ids").null_count < block.num_rows:
+        parts.append(("inj_term_ids", "inj_tfs"))
+    terms, post_ords, tfs = [], [], []
+    for ids_col, tfs_col in parts:
+        ids = block.column(ids_col).combine_chunks()
+        terms.append(pc.list_flatten(ids).to_numpy())
+        post_ords.append(ords[pc.list_parent_indices(ids).to_numpy()])
+        tfs.append(pc.list_flatten(block.column(tfs_col).combine_chunks()).to_numpy())
+    terms, post_ords, tfs = np.concatenate(terms), np.concatenate(post_ords), np.concatenate(tfs)
+    if len(parts) == 1:
+        # Each document's ids are one ascending run: laid out in ordinal order, a stable sort by term (timsort
+        # merges the runs) leaves every term's ordinals ascending.
+        if np.all(ords[1:] > ords[:-1]):
+            order = np.argsort(terms, kind="stable")
+        else:
+            by_ord = np.argsort(ords, kind="stable")
+            lens = pc.list_value_length(block.column("term_ids").combine_chunks()).to_numpy(zero_copy_only=False)
+            starts, lens = (np.cumsum(lens) - lens)[by_ord], lens[by_ord]
+            take = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
+            order = take[np.argsort(terms[take], kind="stable")]
+    else:
+        order = np.lexsort((post_ords, terms))
+    terms, post_ords, tfs = terms[order], post_ords[order], tfs[order]
+    if len(parts) > 1:
+        same = (terms[1:] == terms[:-1]) & (post_ords[1:] == post_ords[:-1])
+        if same.any():
+            keep = np.flatnonzero(np.concatenate([[True], ~same]))
+            tfs, terms, post_ords = np.add.reduceat(tfs, keep), terms[keep], post_ords[keep]
+    firsts = np.flatnonzero(np.concatenate([[True], terms[1:] != terms[:-1]])) if len(terms) else np.empty(0, int)
+    offsets = pa.array(np.concatenate([firsts, [len(terms)]]).astype(np.int32))
+    n = len(firsts)
+    shard, number = block.column("shard")[0].as_py(), block.column("block")[0].as_py()
+    return pa.table({
+        "shard": pa.array(np.full(n, shard, np.int32)), "term_id": pa.array(terms[firsts], pa.int64()),
+        "block": pa.array(np.full(n, number, np.int32)),
+        "doc_ords": pa.ListArray.from_arrays(offsets, pa.array(post_ords.astype(np.int32))),
+        "tfs": pa.ListArray.from_arrays(offsets, pa.array(tfs.astype(np.int32))),
+    }, schema=POSTINGS_OUT)
 
 
-def _replace_version(df: DataFrame, uri: str, version: int, partition_by: list[str]) -> int:
-    (
-        df.write.format("delta")
-        .mode("overwrite")
-        .option("replaceWhere", f"index_version = {version}")
-        .partitionBy(*partition_by)
-        .save(uri)
-    )
-    return table_version(uri)
+# ---------------------------------------------------------------- the build ----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -123,25 +242,51 @@ class EnrichmentChoice:
     prompt_version: str | None = None
 
 
-def _enrichment_phrases(spark: SparkSession, warehouse: str, docs: DataFrame, choice: EnrichmentChoice):
-    """(doc_id, phrases) for the current content of each doc, and the enrichment table version read."""
-    uri = tables.table_uri(warehouse, tables.ENRICHMENT)
-    version = table_version(uri)
-    if version is None:
-        raise FileNotFoundError(f"no enrichment table at {uri}; run `sira enrich` first or pass --no-enrichment")
-    enr = spark.read.format("delta").option("versionAsOf", version).load(uri).where(F.col("error").isNull())
-    if choice.model:
-        enr = enr.where(F.col("model") == choice.model)
-    if choice.prompt_version:
-        enr = enr.where(F.col("prompt_version") == choice.prompt_version)
-    newest = Window.partitionBy("doc_id").orderBy(F.col("enriched_at").desc(), F.col("model"), F.col("prompt_version"))
-    phrases = (
-        enr.join(docs.select("doc_id", "content_hash"), ["doc_id", "content_hash"])
-        .withColumn("_rank", F.row_number().over(newest))
-        .where("_rank = 1")
-        .select("doc_id", "phrases", "model", "prompt_version")
-    )
-    return phrases, version
+@dataclass(frozen=True)
+class SegmentPolicy:
+    """When a build writes one segment with every document instead of a new segment on top of its base."""
+
+    max_segments: int = 16
+    max_dead_fraction: float = 0.25  # tombstoned documents / documents in the version's segments
+
+
+@dataclass
+class Build:
+    spark: SparkSession
+    warehouse: str
+    preset: IndexPreset
+    num_shards: int
+    enrichment: EnrichmentChoice | None
+    version: int
+    docs_version: int
+    log: Callable[[str], None]
+    analyzer_json: str = ""
+    analyzer_key: str = ""
+    build_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    persisted: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.analyzer_json = self.preset.analyzer.model_dump_json()
+        self.analyzer_key = analyzer_key(self.analyzer_json)
+
+    def uri(self, name: str) -> str:
+        return tables.table_uri(self.warehouse, name)
+
+    def read(self, name: str, version: int | None = None) -> DataFrame:
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.uri(name))
+
+    def keep(self, df: DataFrame, level: StorageLevel = StorageLevel.DISK_ONLY) -> DataFrame:
+        """Persist (on disk by default: these frames are corpus-sized) until the build ends."""
+        self.persisted.append(df.persist(level))
+        return self.persisted[-1]
+
+    def release(self) -> None:
+        for df in self.persisted:
+            df.unpersist()
+        self.persisted.clear()
 
 
 def build_index(
@@ -150,138 +295,415 @@ def build_index(
     preset: IndexPreset,
     num_shards: int,
     enrichment: EnrichmentChoice | None = None,
+    full: bool = False,
+    policy: SegmentPolicy = SegmentPolicy(),
     log=print,
 ) -> dict:
-    """Build and publish one index version (with the corpus-side enrichment when `enrichment` is given);
-    returns its corpus_stats row."""
+    """Build and publish one index version (with the corpus-side enrichment when `enrichment` is given), on top
+    of the newest version of the same kind unless `full`; returns its corpus_stats row and `documents_analysed`."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    docs_uri = tables.table_uri(warehouse, tables.DOCS)
-    docs_version = table_version(docs_uri)
+    docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
     if docs_version is None:
-        raise FileNotFoundError(f"no docs table at {docs_uri}; run `sira ingest` first")
-    version = next_index_version(warehouse)
-    analyzer_json = preset.analyzer.model_dump_json()
-    log(f"index version {version}: preset {preset.name}, {num_shards} shards, docs table v{docs_version}"
+        raise FileNotFoundError(f"no docs table at {tables.table_uri(warehouse, tables.DOCS)}; run `sira ingest` first")
+    b = Build(spark, warehouse, preset, num_shards, enrichment, next_index_version(warehouse), docs_version, log)
+    log(f"index version {b.version}: preset {preset.name}, {num_shards} shards, docs table v{docs_version}"
         + (f", enrichment tau {enrichment.tau}" if enrichment else ", no enrichment"))
-
-    docs = spark.read.format("delta").option("versionAsOf", docs_version).load(docs_uri)
-    persisted: list[DataFrame] = []
-
-    def keep(df: DataFrame) -> DataFrame:
-        persisted.append(df.persist(StorageLevel.MEMORY_AND_DISK))
-        return persisted[-1]
-
-    by_shard_doc = Window.partitionBy("shard").orderBy("doc_id")
     try:
-        original = keep(docs.select("doc_id", "title", "text").mapInArrow(
-            analyze_batches(analyzer_json, num_shards), ANALYZED_SCHEMA))
-        totals = original.agg(F.count("*").alias("n"), F.sum("doc_len").alias("total")).first()
-        num_docs = int(totals["n"])
+        docs = b.read(tables.DOCS, docs_version)
+        size_shuffles(spark, b.uri(tables.DOCS))
+        num_docs, analysed = analyse_documents(b, docs)
         if num_docs == 0:
-            raise ValueError(f"docs table {docs_uri} v{docs_version} is empty")
-        original_df = keep(original.select(F.explode("terms").alias("term")).groupBy("term")
-                           .agg(F.count("*").cast("long").alias("df")))
-        enrichment_info = {"enriched": False, "enrichment_table_version": None, "tau": None,
-                           "phrases_proposed": 0, "phrases_kept": 0, "enrichment_model": None,
-                           "enrichment_prompt_version": None}
-        if enrichment is None:
-            analyzed = original
-        else:
-            phrases, enr_version = _enrichment_phrases(spark, warehouse, docs, enrichment)
-            phrases = keep(phrases)
-            df_maps = (
-                phrases.select("doc_id", "phrases").mapInArrow(phrase_terms_batches(analyzer_json),
-                                                               "doc_id string, term string")
-                .join(original_df, "term", "left")
-                .groupBy("doc_id")
-                .agg(F.collect_list(F.struct("term", F.coalesce("df", F.lit(0)).alias("df"))).alias("df_map"))
-            )
-            with_phrases = docs.select("doc_id", "title", "text").join(
-                phrases.select("doc_id", "phrases"), "doc_id", "left").join(df_maps, "doc_id", "left")
-            analyzed = keep(with_phrases.mapInArrow(
-                analyze_batches(analyzer_json, num_shards, num_docs, enrichment.tau), ANALYZED_SCHEMA))
-            counts = analyzed.select(F.explode("decisions").alias("d")).agg(
-                F.count("*").alias("proposed"), F.sum(F.col("d.kept").cast("int")).alias("kept")).first()
-            enrichment_info = {"enriched": True, "enrichment_table_version": enr_version, "tau": enrichment.tau,
-                               "phrases_proposed": int(counts["proposed"]), "phrases_kept": int(counts["kept"] or 0),
-                               "enrichment_model": enrichment.model,
-                               "enrichment_prompt_version": enrichment.prompt_version}
-            log(f"enrichment v{enr_version}: kept {enrichment_info['phrases_kept']} of "
-                f"{enrichment_info['phrases_proposed']} proposed phrases")
-        analyzed = keep(analyzed.withColumn("doc_ord", F.row_number().over(by_shard_doc) - 1))
-        total_terms = int(analyzed.agg(F.sum("doc_len")).first()[0] or 0)
-        log(f"analysed {num_docs} documents, {total_terms} terms")
-
-        occurrences = analyzed.select(
-            "shard", "doc_ord", F.explode(F.arrays_zip("terms", "term_ids", "tfs")).alias("p")
-        ).select("shard", "doc_ord", F.col("p.terms").alias("term"), F.col("p.term_ids").alias("term_id"),
-                 F.col("p.tfs").alias("tf"))
-        term_stats = keep(
-            occurrences.groupBy("term_id", "term")
-            .agg(F.count("*").cast("long").alias("df_enriched"), F.sum("tf").cast("long").alias("cf"))
-            .join(original_df, "term", "left")
-            .withColumn("df", F.coalesce("df", F.lit(0)).cast("long"))
-        )
-        collisions = term_stats.groupBy("term_id").agg(F.collect_list("term").alias("terms")).where(
-            F.size("terms") > 1).limit(5).collect()
-        if collisions:
-            raise TermIdCollision(f"term id hash collisions: {[r['terms'] for r in collisions]}")
-        num_terms = term_stats.count()
-
-        v = F.lit(version).cast("long").alias("index_version")
-        term_stats_version = _replace_version(
-            term_stats.select(v, "term_id", "term", "df", "df_enriched", "cf"),
-            tables.table_uri(warehouse, tables.TERM_STATS), version, ["index_version"],
-        )
-        shard_docs_version = _replace_version(
-            analyzed.select(v, "shard", "doc_ord", "doc_id", "doc_len"),
-            tables.table_uri(warehouse, tables.SHARD_DOCS), version, ["index_version", "shard"],
-        )
-        postings = (
-            occurrences.join(term_stats.select("term_id", F.col("df_enriched").alias("df")), "term_id")
-            .groupBy("shard", "term_id", "df")
-            .agg(F.sort_array(F.collect_list(F.struct("doc_ord", "tf"))).alias("p"))
-            .select(v, "shard", "term_id", "df", F.col("p.doc_ord").alias("doc_ords"), F.col("p.tf").alias("tfs"))
-        )
-        postings_version = _replace_version(
-            postings, tables.table_uri(warehouse, tables.POSTINGS), version, ["index_version", "shard"]
-        )
-        injections_version = None
+            raise ValueError(f"docs table {b.uri(tables.DOCS)} v{docs_version} is empty")
+        base = None if full else find_base(b)
+        current = docs.select("doc_id", "content_hash")
+        orig_df, orig_delta = original_df(b, current, base)
+        injections, enrichment_info = None, _no_enrichment()
         if enrichment is not None:
-            injections_version = _replace_version(
-                analyzed.select(v, "doc_id", F.posexplode("decisions").alias("position", "d")).select(
-                    "index_version", "doc_id", "position", "d.phrase", "d.kept", "d.reason", "d.min_df"),
-                tables.table_uri(warehouse, tables.INJECTIONS), version, ["index_version"],
-            )
-        log(f"wrote {num_terms} terms and postings for {num_shards} shards")
+            phrases, enrichment_info["enrichment_table_version"] = _enrichment_phrases(b, docs)
+            analyse_phrases(b, docs, phrases)
+            injections, per_doc = decide_injections(b, phrases, orig_df, num_docs)
+            enrichment_info.update(_injection_counts(injections, enrichment))
+            log(f"enrichment v{enrichment_info['enrichment_table_version']}: kept {enrichment_info['phrases_kept']} "
+                f"of {enrichment_info['phrases_proposed']} proposed phrases")
+            desired = current.join(per_doc, "doc_id", "left").withColumn(
+                "inject_key", F.coalesce("inject_key", F.lit("")))
+        else:
+            desired = current.withColumn("inject_key", F.lit("")).withColumn(
+                "inj_term_ids", F.lit(None).cast("array<bigint>")).withColumn("inj_tfs", F.lit(None).cast("array<int>"))
+        plan = plan_segments(b, desired, base, policy)
+        seg = write_segment(b, plan.entering)
+        stats = term_statistics(b, plan, seg, orig_df, orig_delta)
+        tombstones_version = write_tombstones(b, plan)
+        injections_version = None
+        if injections is not None:
+            injections_version = _replace(
+                injections.select(F.lit(b.version).cast("long").alias("index_version"), "doc_id", "position", "phrase",
+                                  "kept", "reason", "min_df"),
+                b.uri(tables.INJECTIONS), "index_version", b.version, ["index_version"])
     finally:
-        for df in persisted:
-            df.unpersist()
-
+        b.release()
     row = {
-        "index_version": version,
-        "preset": preset.name,
-        "num_docs": num_docs,
-        "avgdl": total_terms / num_docs,
-        "total_terms": total_terms,
-        "num_terms": num_terms,
-        "num_shards": num_shards,
-        "k1": preset.bm25.k1,
-        "b": preset.bm25.b,
-        "max_n": preset.analyzer.max_n,
-        "analyzer_json": analyzer_json,
-        **enrichment_info,
-        "docs_table_version": docs_version,
-        "term_stats_table_version": term_stats_version,
-        "postings_table_version": postings_version,
-        "shard_docs_table_version": shard_docs_version,
-        "injections_table_version": injections_version,
-        "built_at": datetime.now(timezone.utc),
+        "index_version": b.version, "preset": preset.name, "num_docs": num_docs,
+        "avgdl": stats["total_terms"] / num_docs, "total_terms": stats["total_terms"], "num_terms": stats["num_terms"],
+        "num_shards": num_shards, "k1": preset.bm25.k1, "b": preset.bm25.b, "max_n": preset.analyzer.max_n,
+        "analyzer_json": b.analyzer_json, **enrichment_info, "docs_table_version": docs_version,
+        "term_stats_table_version": stats["table_version"], "postings_table_version": None,
+        "shard_docs_table_version": None, "injections_table_version": injections_version,
+        "built_at": datetime.now(timezone.utc), "layout": tables.INDEX_LAYOUT, "analyzer_key": b.analyzer_key,
+        "segments": plan.segments, "base_version": plan.base_version, "num_tombstones": plan.num_tombstones,
+        "segment_docs_table_version": seg["segment_docs_table_version"],
+        "segment_postings_table_version": seg["segment_postings_table_version"],
+        "tombstones_table_version": tombstones_version,
     }
     publish(spark, warehouse, row)
-    log(f"published index version {version}")
-    return row
+    log(f"published index version {b.version}: {num_docs} documents, {stats['total_terms']} terms, segments "
+        f"{plan.segments}" + (f" ({plan.num_tombstones} tombstoned)" if plan.num_tombstones else ""))
+    return {**row, "documents_analysed": analysed}
+
+
+def _no_enrichment() -> dict:
+    return {"enriched": False, "enrichment_table_version": None, "tau": None, "phrases_proposed": 0,
+            "phrases_kept": 0, "enrichment_model": None, "enrichment_prompt_version": None}
+
+
+def size_shuffles(spark: SparkSession, docs_uri: str) -> None:
+    """Shuffle partitions from the input's size (about 64 MB of documents each, at least two per core) unless set
+    explicitly: adaptive execution coalesces small ones, but cannot split a partition that a corpus outgrew."""
+    from deltalake import DeltaTable
+
+    if spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        return  # set by the user (SIRA_SPARK_CONF, spark-submit --conf): theirs stands
+    size = sum(pa.table(DeltaTable(docs_uri).get_add_actions(flatten=True)).column("size_bytes").to_pylist())
+    cores = spark.sparkContext.defaultParallelism
+    spark.conf.set("spark.sql.shuffle.partitions", str(max(2 * cores, min(4000, size // (64 << 20) + 1))))
+
+
+def next_index_version(warehouse: str) -> int:
+    uri = tables.table_uri(warehouse, tables.CORPUS_STATS)
+    if not table_exists(uri):
+        return 1
+    versions = read_table(uri, columns=["index_version"]).column("index_version").to_pylist()
+    return max(versions, default=0) + 1
+
+
+def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: list[str]) -> int:
+    """Write `df` as the rows of `column = value` (a version's or a segment's), replacing any a killed build left."""
+    (df.write.format("delta").mode("overwrite").option("replaceWhere", f"{column} = {value}")
+     .partitionBy(*partition_by).save(uri))
+    return table_version(uri)
+
+
+# ---- 1. analysis -------------------------------------------------------------------------------------------------
+
+
+def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int]:
+    """Analyse the documents that have no kept analysis for this analyzer; returns how many documents there are
+    and how many were analysed now."""
+    uri = b.uri(tables.DOC_ANALYSIS)
+    todo = docs.select("doc_id", "content_hash", "title", "text")
+    if table_exists(uri):
+        done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
+        todo = todo.join(done.select("doc_id", "content_hash"), ["doc_id", "content_hash"], "left_anti")
+    out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
+    new = out.where(F.col("doc_id").isNotNull()).count()
+    num_docs = docs.count()
+    b.log(f"analysis: {new} new or changed documents analysed, {num_docs - new} kept from earlier builds")
+    if new:
+        # The dictionary first: a kept analysis implies its terms are spelled (a kill in between re-analyses).
+        merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))
+        (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
+         .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+    return num_docs, new
+
+
+def merge_dictionary(b: Build, spelled: DataFrame) -> None:
+    """Append the term ids the dictionary lacks; two spellings of one id is a collision, and an error."""
+    uri = b.uri(tables.TERM_DICTIONARY)
+    new = b.keep(spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other")))
+    clashes = new.where(F.col("term") != F.col("other")).select("term", "other")
+    if table_exists(uri):
+        known = b.read(tables.TERM_DICTIONARY)
+        clashes = clashes.unionByName(new.join(known.withColumnRenamed("term", "known"), "term_id")
+                                      .where(F.col("term") != F.col("known")).select("term", F.col("known").alias("other")))
+        new = new.join(known.select("term_id"), "term_id", "left_anti")
+    found = clashes.limit(5).collect()
+    if found:
+        raise TermIdCollision(f"term id hash collisions: {[(r['term'], r['other']) for r in found]}")
+    new.select("term_id", "term").write.format("delta").mode("append").save(uri)
+
+
+def _enrichment_phrases(b: Build, docs: DataFrame) -> tuple[DataFrame, int]:
+    """(doc_id, phrases, phrases_key) for the current content of each doc, and the enrichment table version."""
+    uri = b.uri(tables.ENRICHMENT)
+    version = table_version(uri)
+    if version is None:
+        raise FileNotFoundError(f"no enrichment table at {uri}; run `sira enrich` first or pass --no-enrichment")
+    choice = b.enrichment
+    enr = b.read(tables.ENRICHMENT, version).where(F.col("error").isNull())
+    if choice.model:
+        enr = enr.where(F.col("model") == choice.model)
+    if choice.prompt_version:
+        enr = enr.where(F.col("prompt_version") == choice.prompt_version)
+    newest = Window.partitionBy("doc_id").orderBy(F.col("enriched_at").desc(), F.col("model"), F.col("prompt_version"))
+    phrases = (
+        enr.join(docs.select("doc_id", "content_hash"), ["doc_id", "content_hash"])
+        .withColumn("_rank", F.row_number().over(newest)).where("_rank = 1")
+        .where(F.size("phrases") > 0)
+        .select("doc_id", "content_hash", "phrases",
+                F.sha2(F.to_json(F.col("phrases")), 256).substr(1, 32).alias("phrases_key"))
+    )
+    return b.keep(phrases), version
+
+
+def analyse_phrases(b: Build, docs: DataFrame, phrases: DataFrame) -> None:
+    uri = b.uri(tables.PHRASE_ANALYSIS)
+    todo = phrases
+    if table_exists(uri):
+        done = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
+        todo = todo.join(done.select("doc_id", "content_hash", "phrases_key"),
+                         ["doc_id", "content_hash", "phrases_key"], "left_anti")
+    todo = todo.join(docs.select("doc_id", "content_hash", "title", "text"), ["doc_id", "content_hash"])
+    out = b.keep(todo.select("doc_id", "content_hash", "phrases_key", "phrases", "title", "text")
+                 .mapInArrow(analyze_phrases(b.analyzer_json), spark_ddl(PHRASES_OUT)))
+    if out.where(F.col("doc_id").isNotNull()).count():
+        merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))
+        (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
+         .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+
+
+def _analysis_of(b: Build, keys: DataFrame) -> DataFrame:
+    """The kept analysis of the documents in `keys` (doc_id, content_hash, ...), joined to them."""
+    done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
+    return keys.join(done, ["doc_id", "content_hash"])
+
+
+def _term_counts(df: DataFrame, ids: str = "term_ids", tfs: str = "tfs", keep: tuple[str, ...] = ("doc_id",)) -> DataFrame:
+    """(*keep, term_id, tf): one row per term of each term vector in `df`."""
+    return df.select(*keep, F.explode(F.arrays_zip(F.col(ids).alias("i"), F.col(tfs).alias("t"))).alias("p")) \
+        .select(*keep, F.col("p.i").alias("term_id"), F.col("p.t").alias("tf"))
+
+
+def _require_analysis(b: Build, keys: DataFrame, what: str) -> DataFrame:
+    """The kept analysis of `keys`, checked to cover each of them once (it is never silently partial)."""
+    joined = b.keep(_analysis_of(b, keys))
+    expected, got = keys.count(), joined.count()
+    if got != expected:
+        raise RuntimeError(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} {what} (analyzer "
+                           f"{b.analyzer_key}): a row is missing or repeated")
+    return joined
+
+
+# ---- 2-4. original DF and the corpus-side DF rule ------------------------------------------------------------------
+
+
+def find_base(b: Build) -> dict | None:
+    """The newest published version this build can extend: same layout, analyzer, shards and enrichment choice."""
+    from pipelines.shard_loader import published_versions
+
+    e = b.enrichment
+    for row in reversed(published_versions(b.warehouse)):
+        if (row.get("layout") == tables.INDEX_LAYOUT and row.get("analyzer_key") == b.analyzer_key
+                and row["num_shards"] == b.num_shards and bool(row["enriched"]) == (e is not None)
+                and row["preset"] == b.preset.name
+                and (e is None or (row["tau"] == e.tau and row.get("enrichment_model") == e.model
+                                   and row.get("enrichment_prompt_version") == e.prompt_version))):
+            return row
+    return None
+
+
+def _live_docs(b: Build, base: dict) -> DataFrame:
+    """segment_docs rows of the base version's documents (its segments minus its tombstones)."""
+    # Published segments and a published version's rows never change, so the tables' latest versions serve (a
+    # pinned old table version could outlive the Delta log's retention).
+    docs = b.read(tables.SEGMENT_DOCS).where(F.col("segment").isin(list(base["segments"])))
+    if base.get("num_tombstones"):
+        dead = b.read(tables.TOMBSTONES).where(F.col("index_version") == base["index_version"])
+        docs = docs.join(dead.select("segment", "shard", "doc_ord"), ["segment", "shard", "doc_ord"], "left_anti")
+    return docs
+
+
+def original_df(b: Build, current: DataFrame, base: dict | None) -> tuple[DataFrame | None, DataFrame | None]:
+    """(term_id, df) in the original corpus, needed by enriched builds (the DF rule) and by incremental ones
+    (term_stats.df moves with the documents whose content changed); None when the postings give it (a plain full
+    build). Incrementally it is the base's plus the delta of documents whose content came or went."""
+    if base is None:
+        if b.enrichment is None:
+            return None, None
+        return b.keep(_term_counts(_analysis_of(b, current)).groupBy("term_id").agg(
+            F.count("*").cast("long").alias("df"))), None
+    live = b.keep(_live_docs(b, base).select("doc_id", "content_hash"))
+    came = current.join(live, ["doc_id", "content_hash"], "left_anti").withColumn("sign", F.lit(1))
+    went = live.join(current, ["doc_id", "content_hash"], "left_anti").withColumn("sign", F.lit(-1))
+    changed = _require_analysis(b, came.unionByName(went), "documents whose content came or went")
+    delta = b.keep(_term_counts(changed, keep=("sign",)).groupBy("term_id")
+                   .agg(F.sum("sign").cast("long").alias("d_df")))
+    base_df = b.read(tables.TERM_STATS).where(F.col("index_version") == base["index_version"]).select("term_id", "df")
+    df = (base_df.join(delta, "term_id", "full_outer")
+          .select("term_id", (F.coalesce("df", F.lit(0)) + F.coalesce("d_df", F.lit(0))).alias("df"))
+          .where(F.col("df") > 0))
+    return b.keep(df), delta
+
+
+def decide_injections(b: Build, phrases: DataFrame, orig_df: DataFrame, num_docs: int) -> tuple[DataFrame, DataFrame]:
+    """Every candidate phrase decided (the injections rows) and, per document with kept phrases, its injected
+    terms (inj_term_ids, inj_tfs) and their key."""
+    kept_analysis = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
+    cands = (phrases.select("doc_id", "content_hash", "phrases_key")
+             .join(kept_analysis, ["doc_id", "content_hash", "phrases_key"])
+             .select("doc_id", F.posexplode("candidates").alias("position", "c")))
+    pending = cands.where(F.col("c.reason").isNull()).select("doc_id", "position",
+                                                             F.explode("c.term_ids").alias("term_id"))
+    min_df = (pending.join(orig_df, "term_id", "left").groupBy("doc_id", "position")
+              .agg(F.min(F.coalesce("df", F.lit(0))).cast("long").alias("min_df")))
+    limit = b.enrichment.tau * num_docs  # kept unless dropped_by_df: min DF > tau*|C| (unseen: min DF 0, kept)
+    decided = b.keep(
+        cands.join(min_df, ["doc_id", "position"], "left")
+        .withColumn("kept", F.col("c.reason").isNull() & (F.col("min_df") <= F.lit(limit)))
+        .select("doc_id", F.col("position").cast("int"), F.col("c.phrase").alias("phrase"), "kept",
+                F.coalesce("c.reason", F.when(F.col("kept"), "kept").otherwise("too common")).alias("reason"),
+                F.when(F.col("c.reason").isNull(), F.col("min_df")).alias("min_df"),
+                F.col("c.term_ids").alias("term_ids"), F.col("c.tfs").alias("tfs")))
+    injected = (_term_counts(decided.where("kept")).groupBy("doc_id", "term_id").agg(F.sum("tf").alias("tf"))
+                .groupBy("doc_id").agg(F.sort_array(F.collect_list(F.struct("term_id", "tf"))).alias("p"))
+                .select("doc_id", F.col("p.term_id").alias("inj_term_ids"), F.col("p.tf").cast("array<int>").alias("inj_tfs"))
+                .withColumn("inject_key", F.sha2(F.to_json(F.struct("inj_term_ids", "inj_tfs")), 256).substr(1, 32)))
+    return decided.drop("term_ids", "tfs"), b.keep(injected)
+
+
+def _injection_counts(decided: DataFrame, e: EnrichmentChoice) -> dict:
+    counts = decided.agg(F.count("*").alias("proposed"), F.sum(F.col("kept").cast("int")).alias("kept")).first()
+    return {"enriched": True, "tau": e.tau, "phrases_proposed": int(counts["proposed"]),
+            "phrases_kept": int(counts["kept"] or 0), "enrichment_model": e.model,
+            "enrichment_prompt_version": e.prompt_version}
+
+
+# ---- 5-7. segments, postings, statistics -------------------------------------------------------------------------
+
+
+@dataclass
+class SegmentPlan:
+    entering: DataFrame  # desired rows of the documents the new segment holds
+    leaving: DataFrame | None  # base segment_docs rows of the documents tombstoned now
+    base: dict | None
+    segments: list[int]
+    tombstones: DataFrame | None  # (segment, shard, doc_ord) of every tombstone of the new version
+    num_tombstones: int
+    base_version: int | None
+
+
+def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: SegmentPolicy) -> SegmentPlan:
+    key = ["doc_id", "content_hash", "inject_key"]
+    if base is not None:
+        live = b.keep(_live_docs(b, base))
+        leaving = b.keep(live.join(desired.select(*key), key, "left_anti"))
+        entering = b.keep(desired.join(live.select(*key), key, "left_anti"))
+        n_leaving, n_entering = leaving.count(), entering.count()
+        dead = int(base.get("num_tombstones") or 0) + n_leaving
+        in_segments = b.read(tables.SEGMENT_DOCS).where(
+            F.col("segment").isin(list(base["segments"]))).count() + n_entering
+        segments = list(base["segments"]) + ([b.version] if n_entering else [])
+        if len(segments) <= policy.max_segments and dead <= policy.max_dead_fraction * in_segments:
+            b.log(f"incremental on v{base['index_version']}: {n_entering} documents enter segment {b.version}, "
+                  f"{n_leaving} leave; {dead} tombstones in {len(segments)} segments")
+            tombstones = leaving.select("segment", "shard", "doc_ord")
+            if base.get("num_tombstones"):
+                old = b.read(tables.TOMBSTONES).where(
+                    F.col("index_version") == base["index_version"]).select("segment", "shard", "doc_ord")
+                tombstones = old.unionByName(tombstones)
+            return SegmentPlan(entering, leaving, base, segments, tombstones, dead, base["index_version"])
+        b.log(f"full build: v{base['index_version']} would hold {len(segments)} segments and {dead} tombstones "
+              f"of {in_segments} documents (policy: at most {policy.max_segments} segments, "
+              f"{policy.max_dead_fraction:.0%} tombstoned)")
+    else:
+        b.log("full build: no earlier version of this kind, or --full")
+    return SegmentPlan(desired, None, None, [b.version], None, 0, None)
+
+
+def write_segment(b: Build, entering: DataFrame) -> dict:
+    """Doc ordinals, segment_docs and the postings of the documents entering segment `b.version`."""
+    wide = _analysis_of(b, entering).withColumn("shard", (F.col("doc_hash") % b.num_shards).cast("int"))
+    wide = wide.withColumn("doc_len", (F.col("doc_len") + F.coalesce(
+        F.aggregate("inj_tfs", F.lit(0), lambda acc, x: acc + x), F.lit(0))).cast("int"))
+    ordinal = F.row_number().over(Window.partitionBy("shard").orderBy("doc_id")) - 1
+    seg = b.keep(wide.withColumn("doc_ord", ordinal.cast("int"))
+                 .withColumn("block", (F.col("doc_ord") / tables.POSTINGS_BLOCK_DOCS).cast("int")))
+    expected, got = entering.count(), seg.count()
+    if got != expected:
+        raise RuntimeError(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} documents entering segment "
+                           f"{b.version} (analyzer {b.analyzer_key}): a row is missing or repeated")
+    v = F.lit(b.version).cast("long").alias("segment")
+    docs_version = _replace(seg.select(v, *[c for c in tables.SEGMENT_DOCS_SCHEMA.names if c != "segment"]),
+                            b.uri(tables.SEGMENT_DOCS), "segment", b.version, ["segment", "shard"])
+    postings = (seg.select("shard", "block", "doc_ord", "term_ids", "tfs", "inj_term_ids", "inj_tfs")
+                .groupBy("shard", "block").applyInArrow(invert_block, spark_ddl(POSTINGS_OUT)))
+    postings_version = _replace(postings.select(v, *POSTINGS_OUT.names), b.uri(tables.SEGMENT_POSTINGS),
+                                "segment", b.version, ["segment", "shard"])
+    return {"seg": seg, "segment_docs_table_version": docs_version,
+            "segment_postings_table_version": postings_version}
+
+
+def _final_vectors(b: Build, rows: DataFrame) -> DataFrame:
+    """(doc_id, term_id, tf) of documents as indexed: their analysis plus their injected terms."""
+    return (_term_counts(rows).unionByName(_term_counts(rows.where(F.col("inj_term_ids").isNotNull()),
+                                                        "inj_term_ids", "inj_tfs"))
+            .groupBy("doc_id", "term_id").agg(F.sum("tf").alias("tf")))
+
+
+def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame | None,
+                    orig_delta: DataFrame | None) -> dict:
+    """Write term_stats of the new version (df, df_enriched, cf) and return its totals."""
+    dictionary = b.read(tables.TERM_DICTIONARY)
+    entering = seg["seg"]
+    if plan.base is None:
+        postings = b.read(tables.SEGMENT_POSTINGS, seg["segment_postings_table_version"]).where(
+            F.col("segment") == b.version)
+        stats = postings.groupBy("term_id").agg(
+            F.sum(F.size("doc_ords")).cast("long").alias("df_enriched"),
+            F.sum(F.aggregate("tfs", F.lit(0).cast("long"), lambda acc, x: acc + x)).alias("cf"))
+        stats = stats.join(orig_df, "term_id", "left") if orig_df is not None else stats.withColumn("df", F.col("df_enriched"))
+        stats = stats.join(dictionary, "term_id", "left")
+        total_terms = int(entering.agg(F.sum("doc_len")).first()[0] or 0)
+    else:
+        base = plan.base
+        leaving = _require_analysis(b, plan.leaving.select("doc_id", "content_hash", "inj_term_ids", "inj_tfs"),
+                                    "documents leaving")
+        moved = (_final_vectors(b, entering).withColumn("s", F.lit(1))
+                 .unionByName(_final_vectors(b, leaving).withColumn("s", F.lit(-1)))
+                 .groupBy("term_id").agg(F.sum("s").cast("long").alias("d_df_enriched"),
+                                         F.sum(F.col("s") * F.col("tf")).cast("long").alias("d_cf")))
+        if orig_delta is not None:
+            moved = moved.join(orig_delta, "term_id", "full_outer")
+        else:
+            moved = moved.withColumn("d_df", F.lit(0).cast("long"))
+        before = b.read(tables.TERM_STATS).where(
+            F.col("index_version") == base["index_version"]).drop("index_version")
+        zero = F.lit(0).cast("long")
+        stats = (before.join(moved, "term_id", "full_outer").select(
+            "term_id", "term",
+            (F.coalesce("df", zero) + F.coalesce("d_df", zero)).alias("df"),
+            (F.coalesce("df_enriched", zero) + F.coalesce("d_df_enriched", zero)).alias("df_enriched"),
+            (F.coalesce("cf", zero) + F.coalesce("d_cf", zero)).alias("cf"))
+            .where(F.col("df_enriched") > 0))
+        spelled = stats.where(F.col("term").isNotNull())
+        new_terms = stats.where(F.col("term").isNull()).drop("term").join(dictionary, "term_id", "left")
+        stats = spelled.unionByName(new_terms)
+        total_terms = int(base["total_terms"]) + int(entering.agg(F.sum("doc_len")).first()[0] or 0) \
+            - int(plan.leaving.agg(F.sum("doc_len")).first()[0] or 0)
+    stats = b.keep(stats.select(F.lit(b.version).cast("long").alias("index_version"), "term_id", "term",
+                                F.coalesce("df", F.lit(0)).cast("long").alias("df"), "df_enriched", "cf"))
+    unspelled = stats.where(F.col("term").isNull()).limit(3).collect()
+    if unspelled:
+        raise RuntimeError(f"term ids {[r['term_id'] for r in unspelled]} are missing from {tables.TERM_DICTIONARY}")
+    version = _replace(stats, b.uri(tables.TERM_STATS), "index_version", b.version, ["index_version"])
+    return {"table_version": version, "total_terms": total_terms, "num_terms": stats.count()}
+
+
+def write_tombstones(b: Build, plan: SegmentPlan) -> int:
+    rows = plan.tombstones if plan.tombstones is not None else b.spark.createDataFrame(
+        [], spark_ddl(_without(tables.TOMBSTONES_SCHEMA, "index_version")))
+    return _replace(rows.select(F.lit(b.version).cast("long").alias("index_version"), "segment", "shard", "doc_ord"),
+                    b.uri(tables.TOMBSTONES), "index_version", b.version, ["index_version"])
 
 
 def publish(spark: SparkSession, warehouse: str, row: dict) -> None:

@@ -14,11 +14,20 @@ DEFAULT_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # Small local defaults; on a cluster pass --conf through SIRA_SPARK_CONF or spark-submit.
-    "spark.sql.shuffle.partitions": "8",
+    # Adaptive execution coalesces small shuffle partitions and splits skewed joins; the index build sizes the
+    # shuffle partitions from its input (pipelines.spark_index.size_shuffles) unless they are set explicitly.
+    "spark.sql.adaptive.enabled": "true",
     "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.driver.memory": "4g",
 }
+# The share of the machine's memory a local-mode JVM takes as heap: local mode runs every task inside the driver,
+# and the Python workers, this process and the page cache need the rest.
+LOCAL_HEAP_SHARE = 0.4
+
+
+def local_driver_memory() -> str:
+    """spark.driver.memory for local mode, from this machine's memory (1g at least)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{max(1, int(total * LOCAL_HEAP_SHARE) >> 30)}g"
 
 
 def get_spark(master: str = "local[*]", app_name: str = "sira", conf: dict[str, str] | None = None) -> SparkSession:
@@ -33,7 +42,8 @@ def get_spark(master: str = "local[*]", app_name: str = "sira", conf: dict[str, 
         # master and --conf settings stand; getOrCreate would re-apply our local defaults over them.
         return active
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **_env_conf(), **(conf or {})}.items():
+    machine = {"spark.driver.memory": local_driver_memory()} if master.startswith("local") else {}
+    for key, value in {**DEFAULT_CONF, **machine, **_env_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = configure_spark_with_delta_pip(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -8,8 +8,6 @@ DOCS = "docs"
 REJECTED = "rejected"
 TERM_STATS = "term_stats"
 CORPUS_STATS = "corpus_stats"
-POSTINGS = "postings"
-SHARD_DOCS = "shard_docs"
 
 DOCS_SCHEMA = pa.schema(
     [
@@ -107,11 +105,57 @@ RUNS_SCHEMA = pa.schema(
 )
 RUNS_KEY = ("run_id", "qid")
 
-# Written by the Spark index build; partitioned by (index_version[, shard]).
-TERM_STATS_COLUMNS = ("index_version", "term_id", "term", "df", "df_enriched", "cf")
-POSTINGS_COLUMNS = ("index_version", "shard", "term_id", "df", "doc_ords", "tfs")
-SHARD_DOCS_COLUMNS = ("index_version", "shard", "doc_ord", "doc_id", "doc_len")
-INJECTIONS_COLUMNS = ("index_version", "doc_id", "position", "phrase", "kept", "reason", "min_df")
+# ---- The Spark index build (pipelines/spark_index.py) -------------------------------------------------------------
+# Layout 2: an index version is a list of immutable segments (each one build's documents, with their own doc
+# ordinals and postings) minus the version's tombstones, plus its own term statistics. A night indexes only the
+# documents that changed into a new segment; a full build (or a compaction) writes one segment with everything.
+INDEX_LAYOUT = 2
+
+# Each document's analysis, kept across builds: a night re-analyses only new or changed documents.
+# Key (analyzer_key, doc_id, content_hash); partitioned by analyzer_key. term_ids ascending, one tf each.
+DOC_ANALYSIS = "doc_analysis"
+DOC_ANALYSIS_SCHEMA = pa.schema([
+    ("analyzer_key", pa.string()), ("doc_id", pa.string()), ("content_hash", pa.string()),
+    ("doc_hash", pa.int64()),  # sira_core.hashing.doc_hash: shard = doc_hash % shards
+    ("doc_len", pa.int32()), ("term_ids", pa.list_(pa.int64())), ("tfs", pa.list_(pa.int32())),
+])
+# The enrichment phrases of each document after the checks that need only its text (sira_core.dfstats
+# .phrase_candidates); `reason` null: the DF rule decides at each build. Key (analyzer_key, doc_id,
+# content_hash, phrases_key).
+PHRASE_ANALYSIS = "phrase_analysis"
+CANDIDATE_TYPE = pa.struct([("phrase", pa.string()), ("reason", pa.string()),
+                            ("term_ids", pa.list_(pa.int64())), ("tfs", pa.list_(pa.int32()))])
+PHRASE_ANALYSIS_SCHEMA = pa.schema([
+    ("analyzer_key", pa.string()), ("doc_id", pa.string()), ("content_hash", pa.string()),
+    ("phrases_key", pa.string()), ("candidates", pa.list_(CANDIDATE_TYPE)),
+])
+# Every term id ever indexed and its spelling (the index-time collision check reads it).
+TERM_DICTIONARY = "term_dictionary"
+TERM_DICTIONARY_SCHEMA = pa.schema([("term_id", pa.int64()), ("term", pa.string())])
+# Per segment and shard: doc ordinals follow doc-id order. inj_*: the enrichment terms injected into the doc
+# (added to its analysis), inject_key their hash: a doc whose injection changes moves to a new segment.
+SEGMENT_DOCS = "segment_docs"
+SEGMENT_DOCS_SCHEMA = pa.schema([
+    ("segment", pa.int64()), ("shard", pa.int32()), ("doc_ord", pa.int32()), ("doc_id", pa.string()),
+    ("content_hash", pa.string()), ("doc_len", pa.int32()), ("inject_key", pa.string()),
+    ("inj_term_ids", pa.list_(pa.int64())), ("inj_tfs", pa.list_(pa.int32())),
+])
+# Postings of one term in one block of POSTINGS_BLOCK_DOCS doc ordinals: no row holds a long posting list.
+SEGMENT_POSTINGS = "segment_postings"
+SEGMENT_POSTINGS_SCHEMA = pa.schema([
+    ("segment", pa.int64()), ("shard", pa.int32()), ("term_id", pa.int64()), ("block", pa.int32()),
+    ("doc_ords", pa.list_(pa.int32())), ("tfs", pa.list_(pa.int32())),
+])
+POSTINGS_BLOCK_DOCS = 32_768
+# Documents of a version's segments that the version no longer holds (deleted, changed, re-injected).
+TOMBSTONES = "tombstones"
+TOMBSTONES_SCHEMA = pa.schema([("index_version", pa.int64()), ("segment", pa.int64()), ("shard", pa.int32()),
+                               ("doc_ord", pa.int32())])
+TERM_STATS_SCHEMA = pa.schema([("index_version", pa.int64()), ("term_id", pa.int64()), ("term", pa.string()),
+                               ("df", pa.int64()), ("df_enriched", pa.int64()), ("cf", pa.int64())])
+INJECTIONS_SCHEMA = pa.schema([("index_version", pa.int64()), ("doc_id", pa.string()), ("position", pa.int32()),
+                               ("phrase", pa.string()), ("kept", pa.bool_()), ("reason", pa.string()),
+                               ("min_df", pa.int64())])
 # One row per published index version, written last: its presence is what makes a version visible.
 CORPUS_STATS_FIELDS = (
     ("index_version", "long"), ("preset", "string"), ("num_docs", "long"), ("avgdl", "double"),
@@ -121,7 +165,16 @@ CORPUS_STATS_FIELDS = (
     ("term_stats_table_version", "long"), ("postings_table_version", "long"), ("shard_docs_table_version", "long"),
     ("injections_table_version", "long"), ("built_at", "timestamp"),
     ("enrichment_model", "string"), ("enrichment_prompt_version", "string"),  # the choice injected (null: newest)
+    # Layout 2 (segments); the two *_table_version columns above belong to layout 1 and stay null.
+    ("layout", "int"), ("analyzer_key", "string"), ("segments", "array<bigint>"), ("base_version", "long"),
+    ("num_tombstones", "long"), ("segment_docs_table_version", "long"), ("segment_postings_table_version", "long"),
+    ("tombstones_table_version", "long"),
 )
+# The tables whose rows belong to one index version (retention deletes them with it); segments go when no
+# kept version lists them.
+PER_VERSION_TABLES = (TERM_STATS, TOMBSTONES, INJECTIONS, VOCABULARY)
+PER_SEGMENT_TABLES = (SEGMENT_DOCS, SEGMENT_POSTINGS)
+LAYOUT_1_TABLES = ("postings", "shard_docs")  # per version, in warehouses built before segments
 
 
 def table_uri(warehouse: str, name: str) -> str:

@@ -70,8 +70,8 @@ def test_injection_grows_doc_length_and_df_enriched(enriched_warehouse):
     injected = Counter(analyzer.terms_of_phrases(["myocardial infarction", "antiplatelet"]))
     assert enriched["total_terms"] == plain["total_terms"] + sum(injected.values()) + len(analyzer.terms("hyperglycemia"))
 
-    lens = {r["doc_id"]: r["doc_len"] for r in read_table(f"{enriched_warehouse}/shard_docs",
-            filters=[("index_version", "=", enriched["index_version"])]).to_pylist()}
+    lens = {r["doc_id"]: r["doc_len"] for r in read_table(f"{enriched_warehouse}/segment_docs",
+            filters=[("segment", "in", enriched["segments"])]).to_pylist()}
     d02 = next(d for d in TINY_DOCS if d["_id"] == "d02")
     assert lens["d02"] == len(analyzer.terms(index_text(d02["title"], d02["text"]))) + sum(injected.values())
 

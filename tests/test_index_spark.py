@@ -7,7 +7,7 @@ import pytest
 from jobs import index as index_job
 from pipelines.delta_io import read_table
 from pipelines.shard_loader import find_index, load_searcher, published_versions
-from pipelines.spark_index import _replace_version
+from pipelines.spark_index import _replace
 from sira_core.analysis import Analyzer
 from sira_core.memory_index import build_searcher, index_text
 from sira_core.presets import get_preset
@@ -52,15 +52,15 @@ def test_sharded_spark_index_ranks_exactly_like_one_shard_and_the_reference(tiny
 def test_a_half_written_version_is_invisible_and_replaced_by_the_next_build(tiny_warehouse, spark):
     latest = published_versions(tiny_warehouse)[-1]["index_version"]
     partial = latest + 1
-    # Simulate a build killed after writing postings but before publishing corpus_stats.
-    junk = spark.createDataFrame([(partial, 0, 123, 1, [0], [9])],
-                                 "index_version long, shard int, term_id long, df long, doc_ords array<int>, tfs array<int>")
-    _replace_version(junk, f"{tiny_warehouse}/postings", partial, ["index_version", "shard"])
+    # Simulate a build killed after writing its segment's postings but before publishing corpus_stats.
+    junk = spark.createDataFrame([(partial, 0, 123, 0, [0], [9])],
+                                 "segment long, shard int, term_id long, block int, doc_ords array<int>, tfs array<int>")
+    _replace(junk, f"{tiny_warehouse}/segment_postings", "segment", partial, ["segment", "shard"])
     assert find_index(tiny_warehouse)["index_version"] == latest
 
     row = index_job.run(index_job.IndexConfig(warehouse=tiny_warehouse, preset="pyserini-flat", shards=2), spark=spark)
     assert row["index_version"] == partial
-    postings = read_table(f"{tiny_warehouse}/postings", filters=[("index_version", "=", partial)]).to_pylist()
+    postings = read_table(f"{tiny_warehouse}/segment_postings", filters=[("segment", "=", partial)]).to_pylist()
     assert 123 not in {r["term_id"] for r in postings}
     searcher, manifest = load_searcher(tiny_warehouse, preset="pyserini-flat")
     assert manifest["index_version"] == partial and searcher.search("insulin", k=1)[0].doc_id == "d05"

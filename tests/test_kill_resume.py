@@ -31,13 +31,18 @@ from test_index_enrichment import enrichment_rows
 pytestmark = pytest.mark.integration
 
 INDEX_ARGS = ["--preset", "sira", "--shards", "2", "--enrichment", "--tau", "0.25", "--spark-master", "local[2]"]
-# The build's data tables in the order it writes them, each with the key a version's rows must not repeat.
+# The build's data tables in the order it writes them, each with the key a version's (or its new segment's) rows
+# must not repeat.
 INDEX_TABLE_KEYS = {
+    tables.SEGMENT_DOCS: ("doc_id",),
+    tables.SEGMENT_POSTINGS: ("shard", "term_id", "block"),
     tables.TERM_STATS: ("term_id",),
-    tables.SHARD_DOCS: ("doc_id",),
-    tables.POSTINGS: ("shard", "term_id"),
+    tables.TOMBSTONES: ("segment", "shard", "doc_ord"),
     tables.INJECTIONS: ("doc_id", "position"),
 }
+# Night 2 of the incremental build that gets killed: one document changed, one deleted, one added.
+NIGHT_2 = [{**d, "text": d["text"] + " Clots too."} if d["_id"] == "d03" else d for d in TINY_DOCS
+           if d["_id"] != "d08"] + [{"_id": "d13", "title": "Zebrafish", "text": "Zebrafish regenerate heart tissue."}]
 QUERY_COMMIT = 256  # `sira query` commits one scoring batch of this many queries at a time (its default)
 NUM_QUERIES = 4 * QUERY_COMMIT
 
@@ -65,7 +70,17 @@ def committed_since(uri: str) -> Callable[[], bool]:
 
 
 def version_rows(wh: str, table: str, version: int) -> list[dict]:
-    return read_table(tables.table_uri(wh, table), filters=[("index_version", "=", version)]).to_pylist()
+    """The rows of `version` (per-version tables) or of its new segment (per-segment tables)."""
+    column = "segment" if table in tables.PER_SEGMENT_TABLES else "index_version"
+    return read_table(tables.table_uri(wh, table), filters=[(column, "=", version)]).to_pylist()
+
+
+def night_2(wh: str, tmp_path: Path, spark) -> None:
+    """An enriched index of night 1, then night 2's snapshot merged in: the next enriched build is incremental."""
+    index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, enrichment=True, tau=0.25), spark=spark)
+    snapshot = tmp_path / f"night2-{Path(wh).name}.jsonl"
+    snapshot.write_text("".join(json.dumps(d) + "\n" for d in NIGHT_2), encoding="utf-8")
+    ingest_job.run(ingest_job.IngestConfig(source=str(snapshot), warehouse=wh, mode="merge"))
 
 
 def rankings(wh: str, queries: list[str]) -> dict[str, list[tuple[str, float]]]:
@@ -80,20 +95,24 @@ def vocabulary() -> list[str]:
 def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index(base_warehouse, tmp_path, spark):
     wh = copy_of(base_warehouse, tmp_path / "killed")
     reference = copy_of(base_warehouse, tmp_path / "reference")
+    for warehouse in (wh, reference):
+        night_2(warehouse, tmp_path, spark)
     index_job.run(index_job.IndexConfig(warehouse=reference, preset="sira", shards=2, enrichment=True, tau=0.25),
                   spark=spark)  # the same job as INDEX_ARGS, uninterrupted
+    assert len(find_index(reference)["segments"]) == 2, "the reference build was not incremental"
+    before = [r["index_version"] for r in published_versions(wh)]
     previous = find_index(wh)["index_version"]
     new = previous + 1
     queries = [*TINY_QUERIES.values(), *vocabulary()]
     previous_rankings = rankings(wh, queries)
     command = ["index", "--warehouse", wh, *INDEX_ARGS]
 
-    # Kill the build right after its postings commit: term_stats, shard_docs and postings of version `new` are
-    # written, the injections and the publishing corpus_stats row are not.
+    # Kill the incremental build right after its postings commit: the new segment's docs and postings are written,
+    # the version's term_stats, tombstones, injections and the publishing corpus_stats row are not.
     log = tmp_path / "killed.log"
-    kill_when(start_job(command, log), log, committed_since(tables.table_uri(wh, tables.POSTINGS)))
-    assert version_rows(wh, tables.POSTINGS, new), "the kill came before the build wrote its postings"
-    assert [r["index_version"] for r in published_versions(wh)] == [previous], \
+    kill_when(start_job(command, log), log, committed_since(tables.table_uri(wh, tables.SEGMENT_POSTINGS)))
+    assert version_rows(wh, tables.SEGMENT_POSTINGS, new), "the kill came before the build wrote its postings"
+    assert [r["index_version"] for r in published_versions(wh)] == before, \
         f"the kill came after the publish:\n{log.read_text()}"
     # Readers keep the previous version, whole, and cannot ask for the half-written one.
     assert find_index(wh)["index_version"] == previous
@@ -104,7 +123,7 @@ def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index
     # The rerun: the same job in this process (its Spark session is up already; a JVM start is slow on 2 cores).
     index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, enrichment=True, tau=0.25), spark=spark)
     published = [r["index_version"] for r in published_versions(wh)]
-    assert published == [previous, new]  # the half-written version's number is reused, and published once
+    assert published == [*before, new]  # the half-written version's number is reused, and published once
     manifest, expected = find_index(wh), find_index(reference)
     skip = {"built_at", *(f"{table}_table_version" for table in INDEX_TABLE_KEYS)}  # commit counts differ
     assert {c: v for c, v in manifest.items() if c not in skip} == {c: v for c, v in expected.items() if c not in skip}

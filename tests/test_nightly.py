@@ -109,8 +109,13 @@ def test_nightly_updates_incrementally_and_publishes_a_new_version(tmp_path, fak
     assert gone["expired_versions"] == [first["index_version"]] and gone["kept_versions"] == [second["index_version"]]
     with pytest.raises(IndexNotFound):
         find_index(wh, index_version=first["index_version"])
-    postings = read_table(tables.table_uri(wh, tables.POSTINGS), columns=["index_version"]).column("index_version")
-    assert set(postings.to_pylist()) == {second["index_version"]}
+    # Segments go with the last version that lists them: the kept one still lists night 1's.
+    kept_segments = find_index(wh)["segments"]
+    for table in tables.PER_SEGMENT_TABLES:
+        assert set(read_table(tables.table_uri(wh, table), columns=["segment"])["segment"].to_pylist()) == \
+            set(kept_segments)
+    stats = read_table(tables.table_uri(wh, tables.TERM_STATS), columns=["index_version"]).column("index_version")
+    assert set(stats.to_pylist()) == {second["index_version"]}
     assert load_searcher(wh)[0].search("zebrafish", k=1)[0].doc_id == "d13"
 
 

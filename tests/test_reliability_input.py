@@ -140,7 +140,7 @@ def test_a_10_mb_document_is_kept_whole_and_indexed_whole(tmp_path, spark):
     # Indexed whole: the word 10 MB in is found, and the doc length counts every term of the document.
     assert [h.doc_id for h in searcher.search("zanzibarite")] == ["big"]
     lens = {r["doc_id"]: r["doc_len"] for r in read_table(
-        f"{wh}/shard_docs", filters=[("index_version", "=", manifest["index_version"])]).to_pylist()}
+        f"{wh}/segment_docs", filters=[("segment", "in", manifest["segments"])]).to_pylist()}
     analyzer = Analyzer(get_preset("sira").analyzer)
     unigrams = len(analyzer.tokens("Tidal power")) + repeats * len(analyzer.tokens(sentence)) + 1
     assert analyzer.config.max_n == 2 and lens["big"] == 2 * unigrams - 1  # unigrams and bigrams

@@ -1,0 +1,161 @@
+"""Integration: incremental index builds (a night's changed documents enter a new segment, the ones that left are
+tombstoned) publish exactly what a full rebuild of the same corpus publishes: the same statistics, injection
+decisions, shard arrays and rankings (real local Spark and Delta)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TINY_DOCS, TINY_QUERIES, write_beir_folder
+from jobs import index as index_job
+from jobs import ingest as ingest_job
+from pipelines.delta_io import read_table
+from pipelines.ray_enrich import commit
+from pipelines.shard_loader import find_index, load_searcher
+from sira_core import tables
+from sira_core.hashing import term_id
+from test_index_enrichment import enrichment_rows
+
+pytestmark = pytest.mark.integration
+
+CHANGED = {"_id": "d03", "title": "Stroke", "text": "A stroke happens when a clot blocks blood flow to the brain."}
+ADDED = [{"_id": "d13", "title": "Insulin pumps", "text": "An insulin pump delivers insulin under the skin."},
+         {"_id": "d14", "title": "Type 1 diabetes", "text": "People with type 1 diabetes need insulin every day."}]
+NIGHT_2 = [CHANGED if d["_id"] == "d03" else d for d in TINY_DOCS if d["_id"] != "d08"] + ADDED
+# d12's "insulin" is in 2 of 12 documents on night 1 (kept under tau 0.25: limit 3) and in 4 of 13 on night 2 (too
+# common: limit 3.25): its injection changes although its text does not, so it must move to the new segment.
+PHRASES = {"d02": ["myocardial infarction", "blood", "antiplatelet"], "d04": ["hyperglycemia"],
+           "d12": ["insulin", "glycemic control"], "d09": ["espresso"]}
+TAU = 0.25
+
+
+def ingest(wh: str, docs, tmp: Path, mode: str = "replace") -> None:
+    source = tmp / f"snapshot-{len(docs)}-{mode}.jsonl"
+    source.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    ingest_job.run(ingest_job.IngestConfig(source=str(source), warehouse=wh, mode=mode))
+
+
+def enrich(wh: str) -> None:
+    docs = read_table(f"{wh}/docs")
+    present = set(docs["doc_id"].to_pylist())
+    commit(wh, enrichment_rows(docs, {d: p for d, p in PHRASES.items() if d in present}))
+
+
+def build(wh: str, spark, **kw) -> dict:
+    return index_job.run(index_job.IndexConfig(**{"warehouse": wh, "preset": "sira", "shards": 2, **kw}), spark=spark)
+
+
+def assert_same_index(wh: str, reference: str, enriched: bool) -> None:
+    got, want = find_index(wh, enriched=enriched), find_index(reference, enriched=enriched)
+    for field in ("num_docs", "avgdl", "total_terms", "num_terms", "phrases_proposed", "phrases_kept"):
+        assert got[field] == want[field], field
+    tables_to_compare = [tables.TERM_STATS] + ([tables.INJECTIONS] if enriched else [])
+    for table in tables_to_compare:
+        rows = lambda w, m: sorted(json.dumps({k: v for k, v in r.items() if k != "index_version"}, sort_keys=True)
+                                   for r in read_table(f"{w}/{table}", filters=[("index_version", "=",
+                                                                                 m["index_version"])]).to_pylist())
+        assert rows(wh, got) == rows(reference, want), table
+    ours, _ = load_searcher(wh, got["index_version"])
+    theirs, _ = load_searcher(reference, want["index_version"])
+    for a, b in zip(ours.shards, theirs.shards):
+        for name in ("doc_ids", "doc_lens", "term_ids", "indptr", "doc_ords", "impacts"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), f"shard {a.shard}: {name}"
+    for q in [*TINY_QUERIES.values(), "insulin", "glycemic control", "antiplatelet", "clot"]:
+        assert [(h.doc_id, h.score) for h in ours.search(q, k=20)] == \
+               [(h.doc_id, h.score) for h in theirs.search(q, k=20)], q
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory, spark):
+    """Night 1 (full builds, plain and enriched), then night 2's changes built incrementally; and a reference
+    warehouse that holds night 2's corpus from scratch."""
+    tmp = tmp_path_factory.mktemp("incremental")
+    wh, reference = str(tmp / "wh"), str(tmp / "reference")
+    ingest(wh, TINY_DOCS, tmp)
+    enrich(wh)
+    first = {"plain": build(wh, spark, enrichment=False), "enriched": build(wh, spark, enrichment=True, tau=TAU)}
+    ingest(wh, NIGHT_2, tmp, mode="merge")
+    enrich(wh)
+    second = {"plain": build(wh, spark, enrichment=False), "enriched": build(wh, spark, enrichment=True, tau=TAU)}
+    ingest(reference, NIGHT_2, tmp)
+    enrich(reference)
+    build(reference, spark, enrichment=False)
+    build(reference, spark, enrichment=True, tau=TAU)
+    return wh, reference, first, second
+
+
+def test_a_night_analyses_only_new_and_changed_documents(nights):
+    _, _, first, second = nights
+    assert first["plain"]["documents_analysed"] == len(TINY_DOCS)
+    assert first["enriched"]["documents_analysed"] == 0  # the plain build's analysis is kept and reused
+    assert second["plain"]["documents_analysed"] == 3  # d03 changed, d13 and d14 added
+    assert second["enriched"]["documents_analysed"] == 0
+
+
+def test_a_night_adds_a_segment_and_tombstones_what_left(nights):
+    wh, _, first, second = nights
+    plain, enriched = second["plain"], second["enriched"]
+    assert plain["segments"] == [first["plain"]["index_version"], plain["index_version"]]
+    assert plain["base_version"] == first["plain"]["index_version"]
+    assert plain["num_tombstones"] == 2  # d03's old text, d08
+    segment = read_table(f"{wh}/segment_docs", filters=[("segment", "=", plain["index_version"])])
+    assert sorted(segment["doc_id"].to_pylist()) == ["d03", "d13", "d14"]
+    # The enriched night also moves d12, whose "insulin" became too common (its text is unchanged).
+    assert enriched["num_tombstones"] == 3
+    segment = read_table(f"{wh}/segment_docs", filters=[("segment", "=", enriched["index_version"])])
+    assert sorted(segment["doc_id"].to_pylist()) == ["d03", "d12", "d13", "d14"]
+
+
+@pytest.mark.parametrize("enriched", [False, True], ids=["plain", "enriched"])
+def test_an_incremental_build_equals_a_full_rebuild(nights, enriched):
+    wh, reference, _, _ = nights
+    assert_same_index(wh, reference, enriched)
+    decisions = {r["phrase"]: r["reason"] for r in read_table(
+        f"{wh}/injections", filters=[("index_version", "=", find_index(wh, enriched=True)["index_version"])]
+    ).to_pylist() if r["doc_id"] == "d12"}
+    assert decisions == {"insulin": "too common", "glycemic control": "kept"}
+
+
+def test_a_full_build_on_request_writes_one_segment_with_the_same_index(nights, spark):
+    wh, reference, _, _ = nights
+    row = build(wh, spark, enrichment=False, full=True)
+    assert row["segments"] == [row["index_version"]] and row["num_tombstones"] == 0
+    assert row["documents_analysed"] == 0
+    assert_same_index(wh, reference, enriched=False)
+
+
+def test_too_many_segments_make_a_full_build(tmp_path, spark):
+    wh = str(tmp_path / "wh")
+    ingest(wh, TINY_DOCS, tmp_path)
+    build(wh, spark, enrichment=False)
+    ingest(wh, NIGHT_2, tmp_path, mode="merge")
+    row = build(wh, spark, enrichment=False, max_segments=1)
+    assert row["segments"] == [row["index_version"]] and row["base_version"] is None
+    searcher, _ = load_searcher(wh)
+    assert [h.doc_id for h in searcher.search("insulin pump", k=1)] == ["d13"]
+
+
+def test_a_corpus_whose_every_document_holds_one_term_is_indexed_in_bounded_rows(tmp_path, spark):
+    """No postings row holds more than one block of documents, however common the term."""
+    docs = [{"_id": f"c{i:05d}", "title": "", "text": f"common word{i % 7} filler{i % 13}"} for i in range(2500)]
+    folder = write_beir_folder(tmp_path / "common", docs=docs, queries={"q": "common"}, qrels={"q": {"c00001": 1}})
+    wh = str(tmp_path / "wh")
+    ingest_job.run(ingest_job.IngestConfig(source=str(folder), warehouse=wh))
+    original = tables.POSTINGS_BLOCK_DOCS
+    tables.POSTINGS_BLOCK_DOCS = 1000  # the build reads it at run time; 2,500 documents make 3 blocks
+    try:
+        row = build(wh, spark, enrichment=False, shards=1)
+    finally:
+        tables.POSTINGS_BLOCK_DOCS = original
+    postings = read_table(f"{wh}/segment_postings", filters=[("segment", "=", row["index_version"])]).to_pylist()
+    assert max(len(r["doc_ords"]) for r in postings) == 1000
+    common = sorted((r["block"], len(r["doc_ords"])) for r in postings if r["term_id"] == term_id("common"))
+    assert common == [(0, 1000), (1, 1000), (2, 500)]
+    searcher, manifest = load_searcher(wh)
+    assert manifest["num_docs"] == 2500
+    hits = searcher.search("common", k=2500)
+    assert len(hits) == 2500 and [h.doc_id for h in hits[:2]] == ["c00000", "c00001"]
