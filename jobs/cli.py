@@ -591,7 +591,7 @@ def proposals_import(
 def main() -> None:
     try:
         app()
-    except (ValidationError, FileNotFoundError, LookupError, ValueError, StageFailed) as exc:
+    except (ValidationError, FileNotFoundError, LookupError, ValueError, ConnectionError, StageFailed) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
 

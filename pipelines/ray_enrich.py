@@ -7,6 +7,7 @@ at any point keeps what it committed, and a rerun neither redoes nor duplicates 
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 from typing import Callable, Iterator
 
@@ -137,14 +138,32 @@ def _chunks(ds, size: int) -> Iterator[pa.Table]:
         yield pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
 
 
+def ray_address(address: str | None) -> str:
+    """Where a job's Ray runs: the address it was given (`--ray-address`), else `RAY_ADDRESS` (what `ray job submit`
+    sets for its entrypoint), else a Ray of its own ("local").
+
+    Never Ray's own default (no address): that attaches to the cluster `ray start` last recorded in
+    /tmp/ray/ray_current_cluster, even one that has stopped since, where the job then waits for minutes."""
+    return address or os.environ.get("RAY_ADDRESS") or "local"
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     import ray
 
     if ray.is_initialized():
         return
-    if address:
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    target = ray_address(address)
+    if target == "local":
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True,
+                 log_to_driver=False, configure_logging=False)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-                 configure_logging=False)
+        try:
+            ray.init(address=target, ignore_reinit_error=True, log_to_driver=False)
+        except ConnectionError as exc:
+            # Ray turns on token authentication by itself only for a cluster it finds ("auto"), never for an
+            # address it is given, so a token-protected cluster refuses such a client until it is told.
+            raise ConnectionError(
+                f"could not connect to the Ray cluster at {target} ({exc}). If the cluster uses token "
+                "authentication, set RAY_AUTH_MODE=token and give its token in RAY_AUTH_TOKEN, in the file named "
+                "by RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token (infra/README.md)") from exc
     ray.data.DataContext.get_current().enable_progress_bars = False
