@@ -30,9 +30,8 @@ case "$SIRA_WAREHOUSE" in
     ;;
 esac
 
-# get_spark applies its small local defaults (8 shuffle partitions) to the session it reuses; SIRA_SPARK_CONF
-# is applied after them, so cluster-sized values go there rather than in --conf.
-export SIRA_SPARK_CONF="${SIRA_SPARK_CONF:-spark.sql.shuffle.partitions=${SIRA_SHUFFLE_PARTITIONS:-256}}"
+# The index build sizes spark.sql.shuffle.partitions from its input unless it is set: SIRA_SHUFFLE_PARTITIONS pins it.
+if [[ -n "${SIRA_SHUFFLE_PARTITIONS:-}" ]]; then conf+=(--conf "spark.sql.shuffle.partitions=$SIRA_SHUFFLE_PARTITIONS"); fi
 export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-python3}"
 if [[ -n "${SIRA_ENV_ARCHIVE:-}" ]]; then
   conf+=(--archives "$SIRA_ENV_ARCHIVE#environment")
