@@ -492,6 +492,8 @@ def nightly(
     warehouse: str = Warehouse,
     source: str = typer.Option(..., "--source", help="the corpus snapshot: beir:NAME, a BEIR folder, .jsonl[.gz], .parquet"),
     backend: str = typer.Option("encoder", help="corpus-side proposer: encoder | local | openai | vllm"),
+    enrichment: bool = typer.Option(True, "--enrichment/--no-enrichment",
+                                    help="enrich and publish the enriched index; --no-enrichment: the plain index"),
     model: Optional[str] = typer.Option(None, help="LLM model"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
@@ -518,7 +520,7 @@ def nightly(
     from pipelines.tracking import TrackingConfig
 
     summary = job.run(job.NightlyConfig(
-        warehouse=warehouse, source=source, task=task, preset=preset,
+        warehouse=warehouse, source=source, task=task, preset=preset, enrichment=enrichment,
         backend=_backend(backend, model, base_url, api_key_env=api_key_env, batch_size=batch_size,
                          concurrency=concurrency),
         shards=shards, tau=tau, spark_master=spark_master, ray_address=ray_address, keep_days=keep_days,

@@ -3,6 +3,9 @@
     ingest (MERGE by doc id + content hash) -> [plain index: the encoder's vocabulary] -> enrich only new or
     changed documents -> build and publish the enriched index -> expire index versions past the retention window
 
+Each index build is incremental (pipelines.spark_index): only new or changed documents are analysed, and they
+enter a new segment on top of the last version. `--no-enrichment` publishes the plain index only.
+
 Publishing is atomic (a version becomes visible when its corpus_stats row lands, see pipelines.spark_index), so a
 running `sira serve` that follows the newest version switches without ever reading a half-written one. Every step
 is idempotent: a failed or killed night is rerun as is; finished work (the docs MERGE, committed enrichment
@@ -32,6 +35,8 @@ class NightlyConfig(BaseModel):
     source: str = Field(description="the corpus snapshot: beir:NAME, a BEIR folder, a .jsonl[.gz] or .parquet file")
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
                                    description="corpus-side proposer")
+    enrichment: bool = Field(True, description="enrich new or changed documents and publish the enriched index; "
+                                               "False: publish the plain index only")
     task: str | None = Field(None, description="prompt task; default: chosen from the warehouse folder's name")
     preset: str = "sira"
     shards: int = Field(4, ge=1, le=4096)
@@ -76,21 +81,23 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
         console.log(f"ingest: {changes['inserted']} inserted, {changes['updated']} updated, {changes['deleted']} "
                     f"deleted, {changes['unchanged']} unchanged, {ingest['rejected']} rejected")
         docs_version = ingest["docs_table_version"]
-        if cfg.backend.backend == "encoder":  # it proposes from the vocabulary of a plain index of these docs
-            step("index (plain)", lambda: fresh_or_build(cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master,
-                                                          docs_version),
-                 lambda m: {"index_version": m["index_version"]})
-        enrich = step("enrich", lambda: enrich_job.run(enrich_job.EnrichConfig(
-            warehouse=cfg.warehouse, backend=cfg.backend, task=cfg.task, preset=cfg.preset,
-            commit_every=cfg.commit_every, ray_address=cfg.ray_address)),
-            lambda s: {k: s[k] for k in ("documents", "enriched", "skipped", "errors", "input_tokens",
-                                         "output_tokens", "docs_per_second")})
-        if enrich["errors"]:
-            console.log(f"[yellow]enrichment: {enrich['errors']} documents failed; they are indexed without "
-                        "enrichment and retried by the next night[/yellow]")
-        manifest = step("index (enriched)", lambda: fresh_or_build(
-            cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, docs_version, cfg.tau, enrich["model"],
-            enrich["prompt_version"]), lambda m: {"index_version": m["index_version"], "num_docs": m["num_docs"]})
+        if cfg.backend.backend == "encoder" or not cfg.enrichment:  # the encoder proposes from a plain index's terms
+            manifest = step("index (plain)", lambda: fresh_or_build(cfg.warehouse, cfg.preset, cfg.shards,
+                                                                    cfg.spark_master, docs_version),
+                            lambda m: {"index_version": m["index_version"]})
+        enrich = {"enriched": 0, "errors": 0}
+        if cfg.enrichment:
+            enrich = step("enrich", lambda: enrich_job.run(enrich_job.EnrichConfig(
+                warehouse=cfg.warehouse, backend=cfg.backend, task=cfg.task, preset=cfg.preset,
+                commit_every=cfg.commit_every, ray_address=cfg.ray_address)),
+                lambda s: {k: s[k] for k in ("documents", "enriched", "skipped", "errors", "input_tokens",
+                                             "output_tokens", "docs_per_second")})
+            if enrich["errors"]:
+                console.log(f"[yellow]enrichment: {enrich['errors']} documents failed; they are indexed without "
+                            "enrichment and retried by the next night[/yellow]")
+            manifest = step("index (enriched)", lambda: fresh_or_build(
+                cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, docs_version, cfg.tau, enrich["model"],
+                enrich["prompt_version"]), lambda m: {"index_version": m["index_version"], "num_docs": m["num_docs"]})
         retention = step("retention", lambda: expire_versions(cfg.warehouse, cfg.keep_days),
                          lambda r: {"expired": len(r["expired_versions"]), "kept": len(r["kept_versions"]),
                                     "vacuumed_files": r["vacuumed_files"]})
