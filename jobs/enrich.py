@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,7 +40,8 @@ def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | Non
     return load_vocabulary(warehouse, manifest, backend.encoder, console.log), manifest["analyzer_json"]
 
 
-def run(cfg: EnrichConfig) -> dict:
+def run(cfg: EnrichConfig, on_commit: Callable[[dict], None] = lambda stats: None) -> dict:
+    """Enrich what the warehouse lacks; `on_commit` gets each Delta commit's statistics."""
     from pipelines.ray_enrich import docs_to_enrich, enrich, init_ray
     from sira_core.enrichment import load_template, task_for_dataset
 
@@ -62,7 +64,7 @@ def run(cfg: EnrichConfig) -> dict:
         init_ray(cfg.ray_address)
         with progress_bar("enrich", total=todo.num_rows, unit="docs") as advance:
             counters = enrich(cfg.warehouse, todo, template, cfg.backend, cfg.max_n, cfg.commit_every, advance,
-                              vocabulary, analyzer_json)
+                              vocabulary, analyzer_json, on_commit)
     seconds = time.perf_counter() - started
     done = counters["enriched"] + counters["errors"]
     return {

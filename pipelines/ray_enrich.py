@@ -7,6 +7,7 @@ at any point keeps what it committed, and a rerun neither redoes nor duplicates 
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Callable, Iterator
 
@@ -58,6 +59,7 @@ def enrich(
     on_progress: Callable[[int], None] = lambda n: None,
     vocabulary=None,
     analyzer_json: str | None = None,
+    on_commit: Callable[[dict], None] = lambda stats: None,
 ) -> dict:
     """Corpus side: propose phrases for each doc of `todo` and commit them to `enrichment`. An LLM reads the
     rendered prompt; the encoder proposer reads the document itself."""
@@ -69,7 +71,7 @@ def enrich(
             return template.render(document_input(row["title"], row["text"]), max_n)
     return propose(warehouse, tables.ENRICHMENT, todo, ("doc_id", "content_hash"), render,
                    backend.proposal_version(template.version), backend, max_n, commit_every, on_progress,
-                   vocabulary, analyzer_json)
+                   vocabulary, analyzer_json, on_commit)
 
 
 def propose(
@@ -85,9 +87,11 @@ def propose(
     on_progress: Callable[[int], None] = lambda n: None,
     vocabulary=None,
     analyzer_json: str | None = None,
+    on_commit: Callable[[dict], None] = lambda stats: None,
 ) -> dict:
     """Run prompt -> proposer -> parse over `todo` with Ray Data and commit results in chunks to `table`
-    (its key is `carry` + model + prompt_version); returns counters."""
+    (its key is `carry` + model + prompt_version); returns counters. `on_commit` gets each commit's rows and
+    seconds."""
     import ray
 
     model, backend_name = backend.model_id(), backend.backend
@@ -122,7 +126,9 @@ def propose(
     ds = ray.data.from_arrow(blocks).map(make_prompt, num_cpus=0.1)
     ds = build_stage(backend, vocabulary, analyzer_json)(ds).map(parse, num_cpus=0.1)
     for chunk in _chunks(ds, commit_every):
+        started = time.perf_counter()
         commit(warehouse, chunk, table)
+        on_commit({"rows": chunk.num_rows, "seconds": time.perf_counter() - started})
         errors = chunk.num_rows - pc.sum(pc.is_null(chunk["error"]).cast(pa.int64())).as_py()
         counters["enriched"] += chunk.num_rows - errors
         counters["errors"] += errors
