@@ -88,7 +88,8 @@ def enrich(
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
     max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
-    batch_size: int = typer.Option(16, "--batch-size"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
+                                                                         "backend's, llm_backends.BATCH_SIZES)"),
     concurrency: Optional[int] = typer.Option(None, help="engine replicas (vllm: one per GPU; default: local one "
                                                          "per CPU core, the others 1)"),
     qps: Optional[int] = typer.Option(None, help="openai: requests per second"),
@@ -97,6 +98,8 @@ def enrich(
     max_tokens: int = typer.Option(160, "--max-tokens"),
     limit: Optional[int] = typer.Option(None, help="enrich at most this many documents"),
     commit_every: int = typer.Option(256, "--commit-every", help="rows per Delta commit"),
+    max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight",
+                                                help="openai: most requests waiting for an answer at once"),
     retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors",
                                       help="run documents whose last answer was an error again (--keep-errors: "
                                            "leave them, e.g. a local model, whose fixed seed fails the same way again)"),
@@ -120,7 +123,8 @@ def enrich(
                          batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
                          max_retries=max_retries, max_tokens=max_tokens, structured_output=structured_output,
                          engine_kwargs=_key_values(engine_arg, "--engine-arg"),
-                         sampling_kwargs=_key_values(sampling_arg, "--sampling-arg")),
+                         sampling_kwargs=_key_values(sampling_arg, "--sampling-arg"),
+                         **({"max_in_flight": max_in_flight} if max_in_flight is not None else {})),
     )
     summary = job.run(cfg)
     stdout.print(f"documents {summary['documents']}  enriched {summary['enriched']}  skipped {summary['skipped']}  "
@@ -492,7 +496,8 @@ def nightly(
     model: Optional[str] = typer.Option(None, help="LLM model"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
-    batch_size: int = typer.Option(16, "--batch-size"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
+                                                                         "backend's, llm_backends.BATCH_SIZES)"),
     concurrency: Optional[int] = typer.Option(None, help="LLM engine replicas (vllm: one per GPU; default: local "
                                                          "one per CPU core, the others 1)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),

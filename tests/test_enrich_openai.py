@@ -221,3 +221,30 @@ def test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates(t
     assert_one_row_per_key(rows)
     assert sorted(r["doc_id"] for r in rows) == [d["_id"] for d in docs]
     assert all(r["error"] is None for r in rows)
+
+
+# ---------------------------------------------------------------- requests in flight ------------------------------
+
+
+def test_many_requests_are_in_flight_at_once_and_never_more_than_the_bound(tmp_path, fake_openai):
+    docs = [{"_id": f"c{i:02d}", "title": f"Topic {i}", "text": f"Document number {i} about subject {i % 7}."}
+            for i in range(40)]
+    wh = make_warehouse(tmp_path, docs)
+    fake_openai.reset("ok", delay_s=0.5)  # answers overlap only if the client sends before the last one returns
+    summary = run_enrich(wh, fake_openai, batch_size=4, max_in_flight=10)
+
+    assert (summary["enriched"], summary["errors"]) == (40, 0)
+    assert fake_openai.max_concurrent == 10  # across batches: 10 is no multiple of the batch size
+
+
+def test_a_server_that_answers_close_to_the_timeout_gets_fewer_requests_at_once_down_to_one(tmp_path, fake_openai):
+    docs = [{"_id": f"q{i:02d}", "title": f"Topic {i}", "text": f"Document number {i} about subject {i % 7}."}
+            for i in range(20)]
+    wh = make_warehouse(tmp_path, docs)
+    fake_openai.reset("ok", delay_s=1.0)  # over half the timeout: the server's queue is about to time requests out
+    summary = run_enrich(wh, fake_openai, timeout_s=1.6, batch_size=8, max_in_flight=8)
+
+    at_arrival = [r.concurrent for r in fake_openai.requests]  # requests in flight as each one arrived
+    assert (summary["enriched"], summary["errors"]) == (20, 0), at_arrival  # nothing timed out
+    assert max(at_arrival) > 4, at_arrival  # the first round: up to the window's start, as rows reach the actor
+    assert at_arrival[-4:] == [1, 1, 1, 1], at_arrival  # halved round by round (8, 4, 2, 1), then one at a time
