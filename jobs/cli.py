@@ -97,7 +97,11 @@ def enrich(
     max_retries: int = typer.Option(3, "--max-retries"),
     max_tokens: int = typer.Option(160, "--max-tokens"),
     limit: Optional[int] = typer.Option(None, help="enrich at most this many documents"),
-    commit_every: int = typer.Option(256, "--commit-every", help="rows per Delta commit"),
+    commit_every: Optional[int] = typer.Option(None, "--commit-every", help="most rows per Delta commit (default: "
+                                                                         "pipelines.ray_enrich.COMMIT_EVERY)"),
+    commit_interval_s: Optional[float] = typer.Option(None, "--commit-interval-s",
+                                                      help="commit what has arrived once this long has passed "
+                                                           "since the last commit"),
     max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight",
                                                 help="openai: most requests waiting for an answer at once"),
     retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors",
@@ -116,9 +120,11 @@ def enrich(
     """Propose each document's missing search vocabulary (encoder or LLM; incremental, resumable)."""
     from jobs import enrich as job
 
+    commits = {k: v for k, v in (("commit_every", commit_every), ("commit_interval_s", commit_interval_s))
+               if v is not None}
     cfg = job.EnrichConfig(
-        warehouse=warehouse, task=task, max_n=max_n, limit=limit, commit_every=commit_every, ray_address=ray_address,
-        retry_errors=retry_errors,
+        warehouse=warehouse, task=task, max_n=max_n, limit=limit, ray_address=ray_address, retry_errors=retry_errors,
+        **commits,
         backend=_backend(backend, model, base_url, proposals, entries, api_key_env=api_key_env,
                          batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
                          max_retries=max_retries, max_tokens=max_tokens, structured_output=structured_output,
