@@ -327,8 +327,9 @@ class OpenAIChatActor:
         self.client: OpenAIClient | None = None
 
     async def __call__(self, batch):
-        if self.client is None:  # made on the event loop Ray runs this actor's calls on
-            self.client = await OpenAIClient(self.cfg, self.max_in_flight, self.qps).__aenter__()
+        if self.client is None:  # made on the event loop Ray runs this actor's calls on, shared by them all
+            self.client = OpenAIClient(self.cfg, self.max_in_flight, self.qps)
+            await self.client.__aenter__()
         outputs = await asyncio.gather(*(self.client.ask(p) for p in batch.column("prompt").to_pylist()))
         return with_output_columns(batch.drop_columns(["prompt"]), outputs)
 
