@@ -88,7 +88,8 @@ def enrich(
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
     max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
-    batch_size: int = typer.Option(16, "--batch-size"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
+                                                                         "backend's, llm_backends.BATCH_SIZES)"),
     concurrency: Optional[int] = typer.Option(None, help="engine replicas (vllm: one per GPU; default: local one "
                                                          "per CPU core, the others 1)"),
     qps: Optional[int] = typer.Option(None, help="openai: requests per second"),
@@ -96,7 +97,13 @@ def enrich(
     max_retries: int = typer.Option(3, "--max-retries"),
     max_tokens: int = typer.Option(160, "--max-tokens"),
     limit: Optional[int] = typer.Option(None, help="enrich at most this many documents"),
-    commit_every: int = typer.Option(256, "--commit-every", help="rows per Delta commit"),
+    commit_every: Optional[int] = typer.Option(None, "--commit-every", help="most rows per Delta commit (default: "
+                                                                         "pipelines.ray_enrich.COMMIT_EVERY)"),
+    commit_interval_s: Optional[float] = typer.Option(None, "--commit-interval-s",
+                                                      help="commit what has arrived once this long has passed "
+                                                           "since the last commit"),
+    max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight",
+                                                help="openai: most requests waiting for an answer at once"),
     retry_errors: bool = typer.Option(True, "--retry-errors/--keep-errors",
                                       help="run documents whose last answer was an error again (--keep-errors: "
                                            "leave them, e.g. a local model, whose fixed seed fails the same way again)"),
@@ -113,14 +120,17 @@ def enrich(
     """Propose each document's missing search vocabulary (encoder or LLM; incremental, resumable)."""
     from jobs import enrich as job
 
+    commits = {k: v for k, v in (("commit_every", commit_every), ("commit_interval_s", commit_interval_s))
+               if v is not None}
     cfg = job.EnrichConfig(
-        warehouse=warehouse, task=task, max_n=max_n, limit=limit, commit_every=commit_every, ray_address=ray_address,
-        retry_errors=retry_errors,
+        warehouse=warehouse, task=task, max_n=max_n, limit=limit, ray_address=ray_address, retry_errors=retry_errors,
+        **commits,
         backend=_backend(backend, model, base_url, proposals, entries, api_key_env=api_key_env,
                          batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
                          max_retries=max_retries, max_tokens=max_tokens, structured_output=structured_output,
                          engine_kwargs=_key_values(engine_arg, "--engine-arg"),
-                         sampling_kwargs=_key_values(sampling_arg, "--sampling-arg")),
+                         sampling_kwargs=_key_values(sampling_arg, "--sampling-arg"),
+                         **({"max_in_flight": max_in_flight} if max_in_flight is not None else {})),
     )
     summary = job.run(cfg)
     stdout.print(f"documents {summary['documents']}  enriched {summary['enriched']}  skipped {summary['skipped']}  "
@@ -497,7 +507,8 @@ def nightly(
     model: Optional[str] = typer.Option(None, help="LLM model"),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
-    batch_size: int = typer.Option(16, "--batch-size"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
+                                                                         "backend's, llm_backends.BATCH_SIZES)"),
     concurrency: Optional[int] = typer.Option(None, help="LLM engine replicas (vllm: one per GPU; default: local "
                                                          "one per CPU core, the others 1)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),

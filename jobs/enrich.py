@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.progress import console, progress_bar
 from pipelines.llm_backends import BackendConfig
+from pipelines.ray_enrich import COMMIT_EVERY, COMMIT_INTERVAL_S
 
 
 class EnrichConfig(BaseModel):
@@ -17,7 +19,11 @@ class EnrichConfig(BaseModel):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     task: str | None = Field(None, description="prompt task; default: chosen from the dataset name, else generic")
     max_n: int = Field(3, ge=1, le=4, description="longest phrase, in words")
-    commit_every: int = Field(256, gt=0, description="rows per Delta commit (the most a killed job can lose)")
+    commit_every: int = Field(COMMIT_EVERY, gt=0, description="most rows per Delta commit (the most a killed job "
+                                                              "can lose)")
+    commit_interval_s: float = Field(COMMIT_INTERVAL_S, gt=0, description="commit what has arrived once this long has "
+                                                                          "passed since the last commit (a slow backend "
+                                                                          "loses little when killed)")
     limit: int | None = Field(None, gt=0, description="enrich at most this many documents (smoke runs)")
     retry_errors: bool = Field(True, description="run documents whose recorded answer is an error again; "
                                                 "False leaves them (and counts them as skipped)")
@@ -39,7 +45,8 @@ def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | Non
     return load_vocabulary(warehouse, manifest, backend.encoder, console.log), manifest["analyzer_json"]
 
 
-def run(cfg: EnrichConfig) -> dict:
+def run(cfg: EnrichConfig, on_commit: Callable[[dict], None] = lambda stats: None) -> dict:
+    """Enrich what the warehouse lacks; `on_commit` gets each Delta commit's statistics (ProposalWriter.write)."""
     from pipelines.ray_enrich import docs_to_enrich, enrich, init_ray
     from sira_core.enrichment import load_template, task_for_dataset
 
@@ -54,7 +61,7 @@ def run(cfg: EnrichConfig) -> dict:
     console.log(f"enrich: {todo.num_rows} documents to do, {skipped} already enriched "
                 f"(backend {cfg.backend.backend}, model {model}, version {version})")
     started = time.perf_counter()
-    counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
+    counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0, "commits": 0, "commit_seconds": 0.0}
     if todo.num_rows:
         vocabulary, analyzer_json = None, None
         if cfg.backend.backend == "encoder":
@@ -62,7 +69,7 @@ def run(cfg: EnrichConfig) -> dict:
         init_ray(cfg.ray_address)
         with progress_bar("enrich", total=todo.num_rows, unit="docs") as advance:
             counters = enrich(cfg.warehouse, todo, template, cfg.backend, cfg.max_n, cfg.commit_every, advance,
-                              vocabulary, analyzer_json)
+                              vocabulary, analyzer_json, cfg.commit_interval_s, on_commit)
     seconds = time.perf_counter() - started
     done = counters["enriched"] + counters["errors"]
     return {
@@ -73,6 +80,8 @@ def run(cfg: EnrichConfig) -> dict:
         "input_tokens": counters["input_tokens"],
         "output_tokens": counters["output_tokens"],
         "seconds": seconds,
+        "commits": counters["commits"],
+        "commit_seconds": counters["commit_seconds"],
         "docs_per_second": done / seconds if seconds > 0 and done else 0.0,
         "output_tokens_per_second": counters["output_tokens"] / seconds if seconds > 0 else 0.0,
         "model": model,

@@ -25,6 +25,7 @@ from jobs.eval import fresh_or_build
 from jobs.progress import console
 from jobs.run import StageFailed
 from pipelines.llm_backends import BackendConfig
+from pipelines.ray_enrich import COMMIT_EVERY
 from pipelines.tracking import Tracker, TrackingConfig
 
 
@@ -45,7 +46,7 @@ class NightlyConfig(BaseModel):
     ray_address: str | None = None
     keep_days: float = Field(7.0, ge=0, description="index versions older than this are deleted (the newest of "
                                                     "each kind is always kept)")
-    commit_every: int = Field(256, gt=0, description="enrichment rows per Delta commit")
+    commit_every: int = Field(COMMIT_EVERY, gt=0, description="most enrichment rows per Delta commit")
     max_delete_fraction: float = Field(0.5, ge=0, le=1, description="refuse a snapshot that deletes more than this "
                                                                     "share of the docs (a truncated file); 1: no limit")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)

@@ -1,7 +1,7 @@
 """LLM backends as Ray Data stages: rows {key, prompt} -> rows + {raw_output, input_tokens, output_tokens,
 latency_ms, error}. One contract, three engines:
 
-- `openai`: any OpenAI-compatible endpoint through Ray Data's HttpRequestProcessorConfig.
+- `openai`: any OpenAI-compatible endpoint, many requests in flight from async Ray Data actors (OpenAIChatActor).
 - `vllm`:   Ray Data LLM's vLLMEngineProcessorConfig on GPU workers (the `gpu` extra installs vLLM).
 - `local`:  an embedded llama.cpp model (the `local` extra), one actor on fractional CPUs.
 
@@ -23,7 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sira_core.enrichment import JSON_SCHEMA
 from sira_core.proposers import EncoderProposerConfig
 
-OUTPUT_COLUMNS = ("raw_output", "input_tokens", "output_tokens", "latency_ms", "error")
+OUTPUT_TYPES = {"raw_output": "string", "input_tokens": "int64", "output_tokens": "int64", "latency_ms": "float64",
+                "error": "string"}
+OUTPUT_COLUMNS = tuple(OUTPUT_TYPES)
+# Rows per engine call. An HTTP batch is only a unit of Ray's scheduling (the requests in flight are bounded by
+# max_in_flight, across batches), and at a fleet's rate a small one costs more in Ray's overhead per row than the
+# request itself; an engine's batch is what it holds in memory and what a killed job loses.
+BATCH_SIZES = {"openai": 128, "vllm": 16, "local": 16, "encoder": 16}
 
 
 class BackendConfig(BaseModel):
@@ -42,8 +48,11 @@ class BackendConfig(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(3, ge=0)
     retry_base_s: float = Field(1.0, ge=0)
-    qps: int | None = Field(None, ge=1, description="openai: requests per second (Ray takes whole numbers)")
-    batch_size: int = Field(16, gt=0)
+    qps: int | None = Field(None, ge=1, description="openai: most request starts per second, over all actors")
+    max_in_flight: int = Field(512, gt=0, description="openai: most requests waiting for an answer at once, over all "
+                                                      "actors (each actor adapts how many, up to its share)")
+    batch_size: int | None = Field(None, gt=0, description="rows per engine call; None: the backend's BATCH_SIZES "
+                                                            "entry")
     concurrency: int | None = Field(None, gt=0, description="engine replicas (vllm: one per GPU); None: local one "
                                                             "per CPU core of the Ray cluster, the others 1")
     structured_output: bool = True
@@ -53,6 +62,12 @@ class BackendConfig(BaseModel):
                                           "extra request-body fields; they override the fields SIRA sets")
     encoder: EncoderProposerConfig = Field(default_factory=EncoderProposerConfig,
                                            description="encoder: the nearest-vocabulary proposer's settings")
+
+    @model_validator(mode="after")
+    def _backend_batch_size(self):
+        if self.batch_size is None:
+            self.batch_size = BATCH_SIZES[self.backend]
+        return self
 
     @model_validator(mode="after")
     def _sampling_kwargs_need_an_engine_that_reads_them(self):
@@ -107,56 +122,42 @@ def error_row(row: dict, error: str, latency_ms: float = 0.0) -> dict:
 # ---------------------------------------------------------------- openai (HTTP) ---------------------------------
 
 
-class _Response:
-    """What Ray's HTTP stage reads from a response: status and json()."""
-
-    def __init__(self, status: int, payload: dict):
-        self.status = status
-        self.reason = "OK"
-        self._payload = payload
-
-    async def json(self):
-        return self._payload
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        return False
-
-
 class ErrorTolerantSession:
-    """aiohttp session for Ray's HttpRequestStage that owns timeouts, retries and backoff, and turns a
-    request that still fails into a 200 whose JSON carries `sira_error`, so one bad row never fails the job."""
+    """An aiohttp session that owns timeouts, retries and backoff, and turns a request that still fails into a
+    payload carrying `sira_error`, so one bad row never fails the job. Every payload says in `sira_pushed_back`
+    whether the server pushed back on an attempt (an overload status or a timeout). `max_connections` bounds the
+    sockets it opens (aiohttp's default of 100 would cap the requests in flight silently)."""
 
     RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504}
+    OVERLOADED = {429, 503, 504}
 
-    def __init__(self, timeout_s: float, max_retries: int, retry_base_s: float):
+    def __init__(self, timeout_s: float, max_retries: int, retry_base_s: float, max_connections: int = 100):
         import aiohttp
 
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_retries = max_retries
         self._retry_base_s = retry_base_s
+        self._max_connections = max_connections
         self._session = None
 
     async def __aenter__(self):
         import aiohttp
 
-        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        self._session = aiohttp.ClientSession(timeout=self._timeout,
+                                              connector=aiohttp.TCPConnector(limit=self._max_connections))
         return self
 
     async def __aexit__(self, *exc):
         await self._session.close()
 
-    def post(self, url: str, headers: dict | None = None, data: Any = None):
-        return self._post(url, headers, data)
-
-    async def _post(self, url, headers, data) -> _Response:
+    async def request(self, url: str, headers: dict, data: str) -> dict:
+        """POST `data`; the response's JSON object with `sira_latency_ms`, or {"sira_error", "sira_latency_ms"}."""
         import aiohttp
 
         started = time.perf_counter()
         problem = ""
         retry_after = 0.0
+        pushed_back = False
         for attempt in range(self._max_retries + 1):
             if attempt:
                 # Exponential backoff with jitter, or the server's Retry-After when it names one.
@@ -168,27 +169,32 @@ class ErrorTolerantSession:
                     body = (await resp.read()).decode("utf-8", "replace")
                     if resp.status in self.RETRYABLE:
                         problem = f"HTTP {resp.status}"
+                        pushed_back |= resp.status in self.OVERLOADED
                         retry_after = _seconds(resp.headers.get("Retry-After"))
                         continue
                     try:
                         payload = json.loads(body)
                     except json.JSONDecodeError:
-                        return self._failed(f"HTTP {resp.status}: response is not JSON: {body[:80]!r}", started)
+                        return self._failed(f"HTTP {resp.status}: response is not JSON: {body[:80]!r}", started,
+                                            pushed_back)
                     if resp.status >= 400:
-                        return self._failed(f"HTTP {resp.status}: {str(payload)[:200]}", started)
+                        return self._failed(f"HTTP {resp.status}: {str(payload)[:200]}", started, pushed_back)
                     if not isinstance(payload, dict):
-                        return self._failed(f"response JSON is not an object: {body[:80]!r}", started)
+                        return self._failed(f"response JSON is not an object: {body[:80]!r}", started, pushed_back)
                     payload["sira_latency_ms"] = (time.perf_counter() - started) * 1000
-                    return _Response(200, payload)
+                    payload["sira_pushed_back"] = pushed_back
+                    return payload
             except asyncio.TimeoutError:
                 problem = f"timeout after {self._timeout.total:g} s"
+                pushed_back = True
             except aiohttp.ClientError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
-        return self._failed(f"{problem} (after {self._max_retries + 1} attempts)", started)
+        return self._failed(f"{problem} (after {self._max_retries + 1} attempts)", started, pushed_back)
 
     @staticmethod
-    def _failed(error: str, started: float) -> _Response:
-        return _Response(200, {"sira_error": error, "sira_latency_ms": (time.perf_counter() - started) * 1000})
+    def _failed(error: str, started: float, pushed_back: bool) -> dict:
+        return {"sira_error": error, "sira_latency_ms": (time.perf_counter() - started) * 1000,
+                "sira_pushed_back": pushed_back}
 
 
 def _seconds(value: str | None) -> float:
@@ -198,24 +204,20 @@ def _seconds(value: str | None) -> float:
         return 0.0
 
 
-def openai_postprocess(row: dict) -> dict:
-    """OpenAI chat-completions response -> the backend output columns."""
-    resp = row.pop("http_response", None) or {}
-    keep = {k: v for k, v in row.items() if k not in ("payload",)}
+def openai_postprocess(resp: dict) -> dict:
+    """An OpenAI chat-completions payload (from ErrorTolerantSession.request) -> the backend output columns."""
     latency = float(resp.get("sira_latency_ms", 0.0))
-    # Ray stores the batch's responses as one Arrow struct column, so a row without an error still has the key
-    # (as None) when another row of its batch has one.
     if resp.get("sira_error"):
-        return error_row(keep, resp["sira_error"], latency)
+        return error_row({}, resp["sira_error"], latency)
     try:
         content = resp["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
-        return error_row(keep, f"malformed completion: {json.dumps(resp)[:120]}", latency)
+        return error_row({}, f"malformed completion: {json.dumps(resp)[:120]}", latency)
     if content is not None and not isinstance(content, str):
-        return error_row(keep, f"malformed completion: content is a {type(content).__name__}, not text: "
-                               f"{str(content)[:120]}", latency)
+        return error_row({}, f"malformed completion: content is a {type(content).__name__}, not text: "
+                             f"{str(content)[:120]}", latency)
     usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
-    return {**keep, "raw_output": content, "input_tokens": _token_count(usage.get("prompt_tokens")),
+    return {"raw_output": content, "input_tokens": _token_count(usage.get("prompt_tokens")),
             "output_tokens": _token_count(usage.get("completion_tokens")), "latency_ms": latency, "error": None}
 
 
@@ -238,29 +240,130 @@ def openai_request(cfg: BackendConfig) -> tuple[dict, dict]:
     return headers, {**body, **cfg.sampling_kwargs}
 
 
-def openai_stage(cfg: BackendConfig) -> Callable:
-    from ray.data.llm import HttpRequestProcessorConfig, build_processor
+class InFlightWindow:
+    """How many requests may wait for an answer at once, adapted to the server the way TCP adapts its congestion
+    window: it doubles every round of answers until the server first pushes back, then grows by one a round; a
+    push-back halves it, once a round (the answers to requests sent before a halving say nothing about the halved
+    window). It stays within [1, limit], so a fleet gets many requests in flight and a small server, whose queue
+    grows, few."""
 
-    headers, body = openai_request(cfg)
-    timeout_s, retries, base = cfg.timeout_s, cfg.max_retries, cfg.retry_base_s
-    processor = build_processor(
-        HttpRequestProcessorConfig(
-            url=cfg.base_url.rstrip("/") + "/chat/completions",
-            headers=headers,
-            qps=cfg.qps,
-            max_retries=0,  # retries happen inside ErrorTolerantSession, which knows which errors to retry
+    def __init__(self, limit: int, start: int = 16):
+        self.limit = limit
+        self.size = float(min(start, limit))
+        self.in_flight = 0
+        self.halvings = 0
+        self._doubling = True
+        self._free = asyncio.Condition()
+
+    async def acquire(self) -> int:
+        """Wait for room; returns the halvings so far, to hand back to release()."""
+        async with self._free:
+            await self._free.wait_for(lambda: self.in_flight < int(self.size))
+            self.in_flight += 1
+            return self.halvings
+
+    async def release(self, halvings_at_acquire: int, pushed_back: bool) -> None:
+        async with self._free:
+            self.in_flight -= 1
+            if not pushed_back:
+                self.size = min(float(self.limit), self.size + (1.0 if self._doubling else 1.0 / self.size))
+            elif halvings_at_acquire == self.halvings:
+                self.size, self._doubling, self.halvings = max(1.0, self.size / 2), False, self.halvings + 1
+            self._free.notify(max(0, int(self.size) - self.in_flight))
+
+
+class OpenAIClient:
+    """Chat completions for many prompts at once from one event loop: the requests waiting for an answer are bounded
+    by an InFlightWindow of at most `max_in_flight`, request starts are paced at `qps` (None: not paced), and each
+    request goes through ErrorTolerantSession. `ask` returns the backend output columns of one prompt. `body`
+    replaces the request body of `openai_request` (the reranker asks with its own schema).
+
+    Besides an overload status or a timeout, an answer slower than half the timeout counts as a push-back: a server
+    queue that long is about to time requests out."""
+
+    def __init__(self, cfg: BackendConfig, max_in_flight: int, qps: float | None = None, body: dict | None = None):
+        self.url = cfg.base_url.rstrip("/") + "/chat/completions"
+        self.headers, default_body = openai_request(cfg)
+        self.body = default_body if body is None else body
+        self.window = InFlightWindow(max_in_flight)
+        self._session = ErrorTolerantSession(cfg.timeout_s, cfg.max_retries, cfg.retry_base_s, max_in_flight)
+        self._slow_ms = cfg.timeout_s * 1000 / 2
+        self._interval = 1.0 / qps if qps else 0.0
+        self._next_start = 0.0
+
+    async def __aenter__(self) -> "OpenAIClient":
+        await self._session.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._session.__aexit__(*exc)
+
+    async def ask(self, prompt: str) -> dict:
+        halvings = await self.window.acquire()
+        payload = {}
+        try:
+            if self._interval:
+                now = asyncio.get_running_loop().time()
+                slot = max(now, self._next_start)
+                self._next_start = slot + self._interval
+                await asyncio.sleep(slot - now)
+            data = json.dumps({**self.body, "messages": chat_messages(prompt)})
+            payload = await self._session.request(self.url, self.headers, data)
+        finally:
+            await self.window.release(halvings, payload.get("sira_pushed_back", False)
+                                      or payload.get("sira_latency_ms", 0.0) > self._slow_ms)
+        return openai_postprocess(payload)
+
+
+class OpenAIChatActor:
+    """The `openai` stage as a Ray Data actor: an Arrow batch of {..., prompt} rows -> the same rows, without the
+    prompt (nothing downstream reads it, and it is most of a row's bytes), plus the backend output columns. Its
+    batches share one client (one connection pool, one in-flight bound), so requests of the next batch start while
+    the stragglers of the last one are still out."""
+
+    def __init__(self, config_json: str, max_in_flight: int, qps: float | None):
+        self.cfg = BackendConfig.model_validate_json(config_json)
+        self.max_in_flight, self.qps = max_in_flight, qps
+        self.client: OpenAIClient | None = None
+
+    async def __call__(self, batch):
+        if self.client is None:  # made on the event loop Ray runs this actor's calls on, shared by them all
+            self.client = OpenAIClient(self.cfg, self.max_in_flight, self.qps)
+            await self.client.__aenter__()
+        outputs = await asyncio.gather(*(self.client.ask(p) for p in batch.column("prompt").to_pylist()))
+        return with_output_columns(batch.drop_columns(["prompt"]), outputs)
+
+
+def with_output_columns(batch, outputs: list[dict]):
+    """An Arrow batch with the backend output columns of `outputs` (one dict per row) appended."""
+    import pyarrow as pa
+
+    for name, dtype in OUTPUT_TYPES.items():
+        batch = batch.append_column(name, pa.array([o[name] for o in outputs], dtype))
+    return batch
+
+
+def openai_stage(cfg: BackendConfig) -> Callable:
+    def stage(ds):
+        from ray.data import ActorPoolStrategy
+
+        actors = cfg.concurrency or 1
+        per_actor = -(-cfg.max_in_flight // actors)
+        return ds.map_batches(
+            OpenAIChatActor,
+            fn_constructor_kwargs={"config_json": cfg.model_dump_json(), "max_in_flight": per_actor,
+                                   "qps": cfg.qps / actors if cfg.qps else None},
             batch_size=cfg.batch_size,
-            concurrency=cfg.concurrency or 1,
-            session_factory=lambda: ErrorTolerantSession(timeout_s, retries, base),
+            batch_format="pyarrow",
+            # Twice the batches it takes to fill the actor's in-flight bound: a batch returns with its slowest answer,
+            # and the others keep the bound busy meanwhile.
+            compute=ActorPoolStrategy(size=actors,
+                                      max_concurrent_calls_per_actor=2 * -(-per_actor // cfg.batch_size)),
             # The stage only waits on sockets; a whole-CPU actor starves the map tasks on small machines.
-            http_request_stage={"num_cpus": 0.1},
-        ),
-        preprocess=lambda row: {**row, "payload": {**body, "messages": chat_messages(row["prompt"])}},
-        postprocess=openai_postprocess,
-        preprocess_map_kwargs={"num_cpus": 0.1},
-        postprocess_map_kwargs={"num_cpus": 0.1},
-    )
-    return processor
+            num_cpus=0.1,
+        )
+
+    return stage
 
 
 # ---------------------------------------------------------------- vllm (GPU) ---------------------------------------

@@ -111,9 +111,8 @@ class OnlineProposer:
         cfg = self.backend
         headers, body = openai_request(cfg)  # the same request the batch HTTP stage sends, for one prompt
         body["messages"] = chat_messages(prompt)
-        response = await self._session.post(cfg.base_url.rstrip("/") + "/chat/completions", headers=headers,
-                                            data=json.dumps(body))
-        return openai_postprocess({"http_response": await response.json()})
+        return openai_postprocess(await self._session.request(cfg.base_url.rstrip("/") + "/chat/completions", headers,
+                                                              json.dumps(body)))
 
 
 def propose_once(warehouse: str, backend: BackendConfig, task: str, query: str,

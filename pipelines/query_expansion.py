@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from pipelines.delta_io import read_table, table_exists
 from pipelines.llm_backends import BackendConfig
-from pipelines.ray_enrich import init_ray, propose
+from pipelines.ray_enrich import init_ray, propose, with_replaces_error
 from sira_core import tables
 from sira_core.enrichment import load_template
 from sira_core.proposers import Proposal
@@ -35,6 +35,16 @@ def cached_expansions(warehouse: str, model: str, prompt_version: str) -> dict[s
     weights = t["weights"].to_pylist() if "weights" in t.schema.names else [None] * t.num_rows
     return {h: Proposal(list(p or []), list(w) if w is not None else [1.0] * len(p or []))
             for h, p, w in zip(t["query_hash"].to_pylist(), t["phrases"].to_pylist(), weights)}
+
+
+def errored_expansions(warehouse: str, model: str, prompt_version: str) -> pa.Table | None:
+    """query_hash of every errored expansion for (model, prompt_version) (None: no table)."""
+    uri = tables.table_uri(warehouse, tables.EXPANSIONS)
+    if not table_exists(uri):
+        return None
+    t = read_table(uri, columns=["query_hash", "model", "prompt_version", "error"])
+    return t.filter(pc.and_(pc.and_(pc.equal(t["model"], model), pc.equal(t["prompt_version"], prompt_version)),
+                            pc.is_valid(t["error"]))).select(["query_hash"])
 
 
 def expand_queries(
@@ -65,7 +75,8 @@ def expand_queries(
                 raise ValueError("the encoder proposer needs the index it expands for (its vocabulary)")
             vocabulary, analyzer_json = load_vocabulary(warehouse, manifest, backend.encoder), manifest["analyzer_json"]
         init_ray(ray_address)
-        table = pa.table({"query_hash": todo, "query": [by_hash[h] for h in todo]})
+        table = with_replaces_error(pa.table({"query_hash": todo, "query": [by_hash[h] for h in todo]}),
+                                    errored_expansions(warehouse, model, version), ("query_hash",))
         render = (lambda row: row["query"]) if backend.backend == "encoder" else \
             (lambda row: template.render(row["query"], QUERY_MAX_N))
         done = propose(warehouse, tables.EXPANSIONS, table, ("query_hash", "query"), render, version, backend,

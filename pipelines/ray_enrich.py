@@ -1,15 +1,20 @@
 """The Ray Data proposal dataflow: rows -> prompt -> LLM backend -> parse -> a Delta proposals table
 (`enrichment` for documents, `expansions` for queries).
 
-Results are committed every `commit_every` rows with a Delta MERGE on the enrichment key, so a job killed
-at any point keeps what it committed, and a rerun neither redoes nor duplicates it.
+Results are committed in chunks of `commit_every` rows, or sooner when `commit_interval_s` has passed since the last
+commit (a slow backend), so a job killed at any point keeps what it committed, and a rerun neither redoes nor
+duplicates it. A chunk's new keys are appended (an append costs the same however large the table is; a MERGE scans
+it); only the rows that replace a recorded error go through a MERGE. The job's small files are compacted as it goes
+and at its end, followed by a checkpoint, so neither the next commit nor the next reader pays for a long log or many
+files.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime, timezone
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,24 +25,47 @@ from sira_core import tables
 from sira_core.analysis import index_text
 from sira_core.enrichment import PromptTemplate, document_input, parse_phrases
 
+# The column of a to-do table that says the proposals table holds an errored row for this key, which the new
+# answer replaces (a MERGE); every other row is a key the table does not hold yet (an append).
+REPLACES_ERROR = "replaces_error"
+COMMIT_EVERY = 10_000
+COMMIT_INTERVAL_S = 30.0
+# Compaction rewrites files below this size: a file that reached it is never rewritten again, so one compaction
+# costs at most this much plus the new files, however large the table grows.
+COMPACT_TARGET_BYTES = 16 * 2**20
+COMPACT_EVERY_COMMITS = 50
+
 
 def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors: bool = True) -> tuple[pa.Table, int]:
-    """Docs whose current content has no enrichment for (model, prompt_version) yet; and how many were skipped."""
+    """Docs whose current content has no enrichment for (model, prompt_version) yet, with REPLACES_ERROR; and how
+    many were skipped."""
     docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "title", "text", "content_hash"])
     uri = tables.table_uri(warehouse, tables.ENRICHMENT)
     if not table_exists(uri):
-        return docs, 0
+        return with_replaces_error(docs, None, ("doc_id", "content_hash")), 0
     done = read_table(uri, columns=["doc_id", "content_hash", "model", "prompt_version", "error"])
     done = done.filter(pc.and_(pc.equal(done["model"], model), pc.equal(done["prompt_version"], prompt_version)))
+    errored = done.filter(pc.is_valid(done["error"])) if retry_errors else None
     if retry_errors:
         done = done.filter(pc.is_null(done["error"]))
     todo = docs.join(done.select(["doc_id", "content_hash"]), keys=["doc_id", "content_hash"], join_type="left anti")
+    todo = with_replaces_error(todo, errored, ("doc_id", "content_hash"))
     return todo.sort_by("doc_id"), docs.num_rows - todo.num_rows
+
+
+def with_replaces_error(todo: pa.Table, errored: pa.Table | None, key: tuple[str, ...]) -> pa.Table:
+    """`todo` with the REPLACES_ERROR column: whether its key is among the keys of `errored` (None: none is)."""
+    if errored is None or errored.num_rows == 0:
+        return todo.append_column(REPLACES_ERROR, pa.array([False] * todo.num_rows, pa.bool_()))
+    marks = errored.select(list(key)).append_column(REPLACES_ERROR, pa.array([True] * errored.num_rows, pa.bool_()))
+    todo = todo.join(marks, keys=list(key), join_type="left outer")
+    return todo.set_column(todo.schema.get_field_index(REPLACES_ERROR), REPLACES_ERROR,
+                           pc.fill_null(todo[REPLACES_ERROR], False))
 
 
 def commit(warehouse: str, rows: pa.Table, table: str = tables.ENRICHMENT) -> None:
     """Upsert one chunk into a proposals table (enrichment or expansions): new keys are inserted; an errored
-    row is replaced by its retry."""
+    row is replaced by its retry. For rows from anywhere (an import); a job's own chunks go through ProposalWriter."""
     schema, key = PROPOSAL_TABLES[table]
     rows = rows.select(schema.names).cast(schema)
     merge_rows(tables.table_uri(warehouse, table), rows, key, replace_when="t.error IS NOT NULL")
@@ -49,19 +77,92 @@ PROPOSAL_TABLES = {
 }
 
 
+class ProposalWriter:
+    """Commits one job's chunks to a proposals table, one row per key throughout: rows marked REPLACES_ERROR are
+    MERGEd (replacing the errored row), the others appended. The marks describe the table as the job found it, so
+    once another writer is seen to have committed (an import, a second job), every later chunk is MERGEd whole. (A
+    commit of the same key that lands between this writer's check and its append is the one case it cannot see in
+    time.) Every COMPACT_EVERY_COMMITS commits, and at close(), the small files are compacted; close() also writes a
+    checkpoint."""
+
+    def __init__(self, warehouse: str, table: str):
+        self.uri = tables.table_uri(warehouse, table)
+        self.schema, self.key = PROPOSAL_TABLES[table]
+        self._table = None
+        self._seen = self._version()  # the version this writer last left the table at
+        self._marks_hold = True
+        self.commits = 0
+
+    def _version(self) -> int:
+        """The table's latest version (-1: no table yet), read incrementally."""
+        from deltalake import DeltaTable
+
+        if self._table is None:
+            if not table_exists(self.uri):
+                return -1
+            self._table = DeltaTable(self.uri)
+        else:
+            self._table.update_incremental()
+        return self._table.version()
+
+    def _saw_others(self, made: int) -> None:
+        """Compare the table's version with this writer's own `made` commits since it last looked."""
+        version = self._version()
+        if version != self._seen + made:
+            self._marks_hold = False
+        self._seen = version
+
+    def write(self, chunk: pa.Table) -> dict:
+        """Commit `chunk` (rows with the table's columns and REPLACES_ERROR); returns what it did and how long it took."""
+        from deltalake import write_deltalake
+
+        started = time.perf_counter()
+        self._saw_others(0)
+        rows = chunk.select(self.schema.names).cast(self.schema)
+        replaces = chunk[REPLACES_ERROR] if self._marks_hold else pa.array([True] * rows.num_rows, pa.bool_())
+        new, retried = rows.filter(pc.invert(replaces)), rows.filter(replaces)
+        if new.num_rows:
+            write_deltalake(self._table if self._table is not None else self.uri, new, mode="append")
+        if retried.num_rows:
+            merge_rows(self.uri, retried, self.key, replace_when="t.error IS NOT NULL")
+        self._saw_others(bool(new.num_rows) + bool(retried.num_rows))
+        self.commits += 1
+        if self.commits % COMPACT_EVERY_COMMITS == 0:
+            self._compact()
+        return {"rows": rows.num_rows, "appended": new.num_rows, "merged": retried.num_rows,
+                "table_version": self._seen, "seconds": time.perf_counter() - started}
+
+    def close(self) -> None:
+        if self.commits:
+            self._compact()
+            self._table.create_checkpoint()
+
+    def _compact(self) -> None:
+        from deltalake.exceptions import CommitFailedError
+
+        self._saw_others(0)
+        try:
+            compacted = self._table.optimize.compact(target_size=COMPACT_TARGET_BYTES)
+        except CommitFailedError:
+            return  # another writer changed the files: the next compaction takes them
+        self._saw_others(1 if compacted["numFilesAdded"] or compacted["numFilesRemoved"] else 0)
+
+
 def enrich(
     warehouse: str,
     todo: pa.Table,
     template: PromptTemplate,
     backend: BackendConfig,
     max_n: int,
-    commit_every: int = 256,
+    commit_every: int = COMMIT_EVERY,
     on_progress: Callable[[int], None] = lambda n: None,
     vocabulary=None,
     analyzer_json: str | None = None,
+    commit_interval_s: float = COMMIT_INTERVAL_S,
+    on_commit: Callable[[dict], None] = lambda stats: None,
 ) -> dict:
-    """Corpus side: propose phrases for each doc of `todo` and commit them to `enrichment`. An LLM reads the
-    rendered prompt; the encoder proposer reads the document itself."""
+    """Corpus side: propose phrases for each doc of `todo` (from docs_to_enrich) and commit them to `enrichment`.
+    An LLM reads the rendered prompt; the encoder proposer reads the document itself."""
     if backend.backend == "encoder":
         def render(row: dict) -> str:
             return index_text(row["title"], row["text"])
@@ -70,7 +171,7 @@ def enrich(
             return template.render(document_input(row["title"], row["text"]), max_n)
     return propose(warehouse, tables.ENRICHMENT, todo, ("doc_id", "content_hash"), render,
                    backend.proposal_version(template.version), backend, max_n, commit_every, on_progress,
-                   vocabulary, analyzer_json)
+                   vocabulary, analyzer_json, commit_interval_s, on_commit)
 
 
 def propose(
@@ -82,60 +183,110 @@ def propose(
     prompt_version: str,
     backend: BackendConfig,
     max_words: int,
-    commit_every: int = 256,
+    commit_every: int = COMMIT_EVERY,
     on_progress: Callable[[int], None] = lambda n: None,
     vocabulary=None,
     analyzer_json: str | None = None,
+    commit_interval_s: float = COMMIT_INTERVAL_S,
+    on_commit: Callable[[dict], None] = lambda stats: None,
 ) -> dict:
-    """Run prompt -> proposer -> parse over `todo` with Ray Data and commit results in chunks to `table`
-    (its key is `carry` + model + prompt_version); returns counters."""
+    """Run prompt -> proposer -> parse over `todo` (rows with the `carry` columns, what `render` reads and
+    REPLACES_ERROR) with Ray Data and commit results in chunks to `table` (its key is `carry` + model +
+    prompt_version); returns counters. `on_commit` gets each commit's ProposalWriter.write statistics."""
     import ray
 
+    if REPLACES_ERROR not in todo.column_names:
+        raise ValueError(f"propose needs the {REPLACES_ERROR!r} column (with_replaces_error); got {todo.column_names}")
     model, backend_name = backend.model_id(), backend.backend
+    passed = [*carry, REPLACES_ERROR]
 
-    def make_prompt(row: dict) -> dict:
-        return {**{c: row[c] for c in carry}, "prompt": render(row)}
+    def make_prompts(batch: pa.Table) -> pa.Table:
+        prompts = [render(row) for row in batch.to_pylist()]
+        return batch.select(passed).append_column("prompt", pa.array(prompts, pa.string()))
 
-    def parse(row: dict) -> dict:
-        failed = bool(row.get("error"))
-        weights = None
-        if failed:
-            phrases, parse_error = [], None
-        elif row.get("proposed") is not None:  # the encoder proposer: phrases and weights, nothing to parse
-            phrases, weights, parse_error = list(row["proposed"]), [float(w) for w in row["weights"]], None
-        else:
-            phrases, parse_error = parse_phrases(row.get("raw_output"), max_words=max_words)
-        return {**{c: row[c] for c in carry}, "model": model,
-                "prompt_version": prompt_version, "backend": backend_name, "phrases": phrases, "weights": weights,
-                "raw_output": row.get("raw_output"), "input_tokens": int(row.get("input_tokens") or 0),
-                "output_tokens": int(row.get("output_tokens") or 0),
-                "latency_ms": float(row.get("latency_ms") or 0.0), "error": row.get("error") or parse_error,
-                "enriched_at": datetime.now(timezone.utc)}
+    def parse(batch: pa.Table) -> pa.Table:
+        errors = batch.column("error").to_pylist()
+        raw = batch.column("raw_output").cast(pa.string()).to_pylist()
+        # The encoder proposer gives phrases and weights, nothing to parse.
+        proposed = batch.column("proposed").to_pylist() if "proposed" in batch.column_names else [None] * len(raw)
+        weights = batch.column("weights").to_pylist() if "weights" in batch.column_names else [None] * len(raw)
+        out_phrases, out_weights, out_errors = [], [], []
+        for error, text, phrases, w in zip(errors, raw, proposed, weights):
+            if error:
+                phrases, w = [], None
+            elif phrases is not None:
+                phrases, w = list(phrases), [float(x) for x in w]
+            else:
+                phrases, error = parse_phrases(text, max_words=max_words)
+            out_phrases.append(phrases)
+            out_weights.append(w)
+            out_errors.append(error or None)
+        n = batch.num_rows
+        columns = {c: batch.column(c) for c in passed}
+        columns.update(
+            model=pa.array([model] * n, pa.string()), prompt_version=pa.array([prompt_version] * n, pa.string()),
+            backend=pa.array([backend_name] * n, pa.string()),
+            phrases=pa.array(out_phrases, pa.list_(pa.string())), weights=pa.array(out_weights, pa.list_(pa.float32())),
+            raw_output=pa.array(raw, pa.string()),
+            input_tokens=pc.fill_null(batch.column("input_tokens").cast(pa.int64()), 0),
+            output_tokens=pc.fill_null(batch.column("output_tokens").cast(pa.int64()), 0),
+            latency_ms=pc.fill_null(batch.column("latency_ms").cast(pa.float64()), 0.0),
+            error=pa.array(out_errors, pa.string()),
+            enriched_at=pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")))
+        return pa.table(columns)
 
-    counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
+    counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0, "commits": 0, "commit_seconds": 0.0}
     if todo.num_rows == 0:
         return counters
-    # Small input blocks (one backend batch, at most one commit): a map task emits its output only when its whole
-    # block is done, so one big block would hold every result back until the end (a killed job would lose them
-    # all), and it would keep every engine but one idle (an actor takes a block at a time).
+    # Input blocks of one backend batch: a map task emits its output only when its whole block is done, so one big
+    # block would hold every result back until the end (a killed job would lose them all), and it would keep every
+    # engine but one idle (an actor takes a block at a time). Copies, not slices: a slice keeps the buffers of the
+    # whole table, and Ray sizes, budgets and ships a block by its buffers.
     rows = max(1, min(commit_every, backend.batch_size))
-    blocks = [todo.slice(start, rows) for start in range(0, todo.num_rows, rows)]
-    ds = ray.data.from_arrow(blocks).map(make_prompt, num_cpus=0.1)
-    ds = build_stage(backend, vocabulary, analyzer_json)(ds).map(parse, num_cpus=0.1)
-    for chunk in _chunks(ds, commit_every):
-        commit(warehouse, chunk, table)
+    todo = todo.combine_chunks()  # a take from a table of many chunks concatenates them all first, every time
+    blocks = [todo.take(pa.array(range(start, min(start + rows, todo.num_rows))))
+              for start in range(0, todo.num_rows, rows)]
+    # from_blocks, not from_arrow: from_arrow asks a remote task for each block's metadata (200k documents: 1,563
+    # tasks, 14 s before the first request on 2 cores); from_blocks reads it here. Whole batches, not rows: Ray
+    # Data's per-row maps cost more than the work they do here.
+    ds = ray.data.from_blocks(blocks).map_batches(make_prompts, batch_size=None, batch_format="pyarrow", num_cpus=0.1)
+    ds = build_stage(backend, vocabulary, analyzer_json)(ds)
+    # Parsed here, as the answers arrive to be committed: parsing costs less than handing each block to one more
+    # Ray task (a worker process, object store copies), and this process touches every row anyway.
+    answers = (parse(block) for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"))
+    writer = ProposalWriter(warehouse, table)
+    for chunk in _chunks(answers, commit_every, commit_interval_s):
+        stats = writer.write(chunk)
         errors = chunk.num_rows - pc.sum(pc.is_null(chunk["error"]).cast(pa.int64())).as_py()
         counters["enriched"] += chunk.num_rows - errors
         counters["errors"] += errors
         counters["input_tokens"] += pc.sum(chunk["input_tokens"]).as_py() or 0
         counters["output_tokens"] += pc.sum(chunk["output_tokens"]).as_py() or 0
+        counters["commits"] += 1
+        counters["commit_seconds"] += stats["seconds"]
+        on_commit(stats)
         on_progress(chunk.num_rows)
+    writer.close()
     return counters
 
 
-def _chunks(ds, size: int) -> Iterator[pa.Table]:
-    for batch in ds.iter_batches(batch_size=size, batch_format="pyarrow"):
-        yield pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+def _chunks(blocks: Iterable[pa.Table], rows: int, seconds: float) -> Iterator[pa.Table]:
+    """`blocks` in chunks of at most `rows` rows; a block that arrives `seconds` or more after the last chunk was
+    taken also ends a chunk, so a slow backend commits every so often too."""
+    waiting: list[pa.Table] = []
+    count, last = 0, time.monotonic()
+    for block in blocks:
+        waiting.append(block)
+        count += block.num_rows
+        while count >= rows:
+            whole = pa.concat_tables(waiting)
+            yield whole.slice(0, rows)
+            waiting, count, last = [whole.slice(rows)], count - rows, time.monotonic()
+        if count and time.monotonic() - last >= seconds:
+            yield pa.concat_tables(waiting)
+            waiting, count, last = [], 0, time.monotonic()
+    if count:
+        yield pa.concat_tables(waiting)
 
 
 def ray_address(address: str | None) -> str:

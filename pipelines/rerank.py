@@ -2,18 +2,16 @@
 the Delta `rerank_judgments` table, and each top-k block is reordered by them (sira_core.rerank has the prompt,
 the parser and the merge rule).
 
-Judgments run in the driver through the same machinery as the online proposer: `openai` requests go out
-concurrently (batch_size x concurrency in flight, paced by qps) through ErrorTolerantSession, with its timeouts,
-retries and backoff; the `local` model runs in-process. A top-k rerank is a few thousand short calls per BEIR
-split, bound by the LLM server, not by the client. Results are committed every `commit_every` judgments
-with a MERGE on (query_hash, doc_id, content_hash, model, prompt_version): a rerun pays only for what is
-missing or failed.
+Judgments run in the driver: `openai` requests go out concurrently (max_in_flight at most, paced by qps) through
+the enrichment stage's OpenAIClient, with its timeouts, retries and backoff; the `local` model runs in-process. A
+top-k rerank is a few thousand short calls per BEIR split, bound by the LLM server, not by the client. Results are
+committed every `commit_every` judgments with a MERGE on (query_hash, doc_id, content_hash, model, prompt_version):
+a rerun pays only for what is missing or failed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -24,7 +22,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipelines.delta_io import merge_rows, read_table, table_exists
-from pipelines.llm_backends import BackendConfig, ErrorTolerantSession, chat_messages, openai_postprocess, openai_request
+from pipelines.llm_backends import BackendConfig, OpenAIClient, openai_request
 from pipelines.query_expansion import query_hash
 from sira_core import tables
 from sira_core.enrichment import document_input
@@ -166,13 +164,12 @@ def _judge(rows: list[dict], cfg: RerankConfig):
 
 
 class _OpenAIJudge:
-    """Prompts -> backend output rows, through the same request body and session the HTTP stage uses, with the
-    relevance schema in place of the keyword one."""
+    """Prompts -> backend output rows, through the enrichment stage's client and request body, with the relevance
+    schema in place of the keyword one."""
 
     def __init__(self, cfg: BackendConfig):
         self.cfg = cfg
-        self.url = cfg.base_url.rstrip("/") + "/chat/completions"
-        self.headers, self.body = openai_request(cfg)
+        _, self.body = openai_request(cfg)
         if cfg.structured_output:
             self.body["response_format"] = {"type": "json_schema",
                                             "json_schema": {"name": "relevance", "schema": RERANK_JSON_SCHEMA}}
@@ -188,23 +185,8 @@ class _OpenAIJudge:
 
     async def _ask_all(self, prompts: list[str]) -> list[dict]:
         cfg = self.cfg
-        in_flight = asyncio.Semaphore(cfg.batch_size * (cfg.concurrency or 1))
-        interval = 1.0 / cfg.qps if cfg.qps else 0.0
-        next_start = [0.0]
-
-        async def ask(session: ErrorTolerantSession, prompt: str) -> dict:
-            async with in_flight:
-                if interval:  # pace request starts at qps
-                    now = asyncio.get_running_loop().time()
-                    slot = max(now, next_start[0])
-                    next_start[0] = slot + interval
-                    await asyncio.sleep(slot - now)
-                body = {**self.body, "messages": chat_messages(prompt)}
-                response = await session.post(self.url, headers=self.headers, data=json.dumps(body))
-                return openai_postprocess({"http_response": await response.json()})
-
-        async with ErrorTolerantSession(cfg.timeout_s, cfg.max_retries, cfg.retry_base_s) as session:
-            return await asyncio.gather(*(ask(session, p) for p in prompts))
+        async with OpenAIClient(cfg, cfg.max_in_flight, cfg.qps, self.body) as client:
+            return await asyncio.gather(*(client.ask(p) for p in prompts))
 
 
 class _LocalJudge:

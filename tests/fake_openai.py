@@ -14,8 +14,9 @@ exactly as it would to vLLM serve or a hosted API. Behaviour is switched per tes
               `rerank_scores[word]` of the first word of `rerank_scores` the passage contains (None: prose,
               an unusable answer), else `RERANK_DEFAULT_SCORE`
 
-Every request is recorded (body, status answered) so tests can assert on retries and the request body.
-`delay_s` slows every answer down (used to kill a job part-way).
+Every request is recorded (body, status answered) so tests can assert on retries and the request body, and
+`max_concurrent` is the most requests it was answering at once (each request records how many on arrival). `delay_s` slows every answer down (used to kill a
+job part-way, or to see how many requests a client keeps in flight).
 
 Per document (or query) text, in any mode but the failing ones: `answers` sets the keywords of the answer,
 `contents` the message content verbatim (any JSON value: what a misbehaving model writes), `completions` the
@@ -59,6 +60,7 @@ def keywords_for(document: str) -> list[str]:
 class Request:
     body: dict
     status: int | None = None  # None while the answer is pending (or was never sent: client timeout)
+    concurrent: int = 0  # requests the server was answering when this one arrived, itself included
 
     @property
     def prompt(self) -> str:
@@ -75,6 +77,8 @@ class FakeOpenAI:
         self.completions: dict[str, object] = {}  # document / query text -> the whole response body
         self.rerank_scores: dict[str, int | None] = {}  # word -> the score of passages containing it
         self.requests: list[Request] = []
+        self.concurrent = 0
+        self.max_concurrent = 0
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -104,6 +108,7 @@ class FakeOpenAI:
             self.answers, self.contents, self.completions = {}, {}, {}
             self.rerank_scores = {}
             self.requests.clear()
+            self.max_concurrent = 0
             self._seen.clear()
         return self
 
@@ -165,12 +170,19 @@ class FakeOpenAI:
                 request = Request(json.loads(self.rfile.read(length) or b"{}"))
                 with fake._lock:
                     fake.requests.append(request)  # on arrival, so attempts the client gave up on count too
-                if not self.path.endswith("/chat/completions"):
-                    status, payload = 404, b'{"error": "not found"}'
-                else:
-                    if fake.delay_s:
-                        fake._stopping.wait(fake.delay_s)
-                    status, payload = fake._answer(request.body)
+                    fake.concurrent += 1
+                    fake.max_concurrent = max(fake.max_concurrent, fake.concurrent)
+                    request.concurrent = fake.concurrent
+                try:
+                    if not self.path.endswith("/chat/completions"):
+                        status, payload = 404, b'{"error": "not found"}'
+                    else:
+                        if fake.delay_s:
+                            fake._stopping.wait(fake.delay_s)
+                        status, payload = fake._answer(request.body)
+                finally:
+                    with fake._lock:
+                        fake.concurrent -= 1
                 request.status = status
                 try:
                     self.send_response(status)

@@ -221,3 +221,123 @@ def test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates(t
     assert_one_row_per_key(rows)
     assert sorted(r["doc_id"] for r in rows) == [d["_id"] for d in docs]
     assert all(r["error"] is None for r in rows)
+
+
+# ---------------------------------------------------------------- requests in flight ------------------------------
+
+
+def test_many_requests_are_in_flight_at_once_and_never_more_than_the_bound(tmp_path, fake_openai):
+    docs = [{"_id": f"c{i:02d}", "title": f"Topic {i}", "text": f"Document number {i} about subject {i % 7}."}
+            for i in range(40)]
+    wh = make_warehouse(tmp_path, docs)
+    fake_openai.reset("ok", delay_s=0.5)  # answers overlap only if the client sends before the last one returns
+    summary = run_enrich(wh, fake_openai, batch_size=4, max_in_flight=10)
+
+    assert (summary["enriched"], summary["errors"]) == (40, 0)
+    assert fake_openai.max_concurrent == 10  # across batches: 10 is no multiple of the batch size
+
+
+def test_a_server_that_answers_close_to_the_timeout_gets_fewer_requests_at_once_down_to_one(tmp_path, fake_openai):
+    docs = [{"_id": f"q{i:02d}", "title": f"Topic {i}", "text": f"Document number {i} about subject {i % 7}."}
+            for i in range(20)]
+    wh = make_warehouse(tmp_path, docs)
+    fake_openai.reset("ok", delay_s=1.0)  # over half the timeout: the server's queue is about to time requests out
+    summary = run_enrich(wh, fake_openai, timeout_s=1.6, batch_size=8, max_in_flight=8)
+
+    at_arrival = [r.concurrent for r in fake_openai.requests]  # requests in flight as each one arrived
+    assert (summary["enriched"], summary["errors"]) == (20, 0), at_arrival  # nothing timed out
+    assert max(at_arrival) > 4, at_arrival  # the first round: up to the window's start, as rows reach the actor
+    assert at_arrival[-4:] == [1, 1, 1, 1], at_arrival  # halved round by round (8, 4, 2, 1), then one at a time
+
+
+# ---------------------------------------------------------------- commits -----------------------------------------
+
+
+def operations(warehouse: str) -> list[str]:
+    """The enrichment table's commits, oldest first: WRITE (an append), MERGE, OPTIMIZE (a compaction)."""
+    from deltalake import DeltaTable
+
+    return [h["operation"] for h in reversed(DeltaTable(tables.table_uri(warehouse, tables.ENRICHMENT)).history())]
+
+
+def test_new_keys_are_appended_and_only_retries_of_errors_are_merged(tmp_path, fake_openai):
+    docs = [dict(d, text=d["text"] + " " + POISON_MARKER) if d["_id"] == "d05" else d for d in TINY_DOCS]
+    wh = make_warehouse(tmp_path, docs)
+    fake_openai.reset("poison")
+    first = run_enrich(wh, fake_openai, max_retries=0)
+    assert (first["enriched"], first["errors"], first["commits"]) == (11, 1, 3)  # 12 rows, 5 per commit
+    assert operations(wh) == ["WRITE", "WRITE", "WRITE", "OPTIMIZE"]  # no MERGE: every key was new
+
+    more = [*docs, {"_id": "d13", "title": "Kidneys", "text": "Kidneys filter the blood."}]
+    make_warehouse(tmp_path, more)
+    fake_openai.reset("ok")
+    second = run_enrich(wh, fake_openai)
+    assert (second["documents"], second["enriched"], second["skipped"], second["errors"]) == (13, 2, 11, 0)
+    # One chunk: d05 replaces its error through a MERGE, d13 is appended.
+    assert operations(wh)[4:] == ["WRITE", "MERGE", "OPTIMIZE"]
+    rows = enrichment_rows(wh)
+    assert_one_row_per_key(rows)
+    assert sorted(r["doc_id"] for r in rows) == sorted(d["_id"] for d in more)
+    assert all(r["error"] is None and r["phrases"] for r in rows)
+
+
+def test_a_job_compacts_its_small_files_as_it_goes_and_ends_with_a_checkpoint(tmp_path, fake_openai, monkeypatch):
+    from deltalake import DeltaTable
+
+    from pipelines import ray_enrich
+
+    monkeypatch.setattr(ray_enrich, "COMPACT_EVERY_COMMITS", 2)
+    wh = make_warehouse(tmp_path)
+    summary = enrich_job.run(enrich_job.EnrichConfig(
+        warehouse=wh, commit_every=3,
+        backend=BackendConfig(backend="openai", model=MODEL, base_url=fake_openai.base_url, batch_size=3)))
+
+    assert (summary["enriched"], summary["commits"]) == (12, 4)
+    assert operations(wh) == ["WRITE", "WRITE", "OPTIMIZE", "WRITE", "WRITE", "OPTIMIZE"]  # the last one at the end
+    uri = tables.table_uri(wh, tables.ENRICHMENT)
+    last = json.loads((Path(uri) / "_delta_log" / "_last_checkpoint").read_text())
+    assert last["version"] == DeltaTable(uri).version() == 5  # a reader starts from the checkpoint, no log replay
+    assert len(DeltaTable(uri).file_uris()) == 1
+    assert_one_row_per_key(enrichment_rows(wh))
+
+
+def test_a_slow_backend_commits_every_commit_interval_before_commit_every_rows(tmp_path, fake_openai):
+    wh = make_warehouse(tmp_path)
+    fake_openai.reset("ok", delay_s=0.5)  # one batch of 4 at a time: answers arrive every half second
+    summary = enrich_job.run(enrich_job.EnrichConfig(
+        warehouse=wh, commit_every=1000, commit_interval_s=0.1,
+        backend=BackendConfig(backend="openai", model=MODEL, base_url=fake_openai.base_url, batch_size=4,
+                              max_in_flight=4)))
+
+    assert summary["enriched"] == 12
+    assert 2 <= summary["commits"] <= 3  # one commit of 12 rows without the interval; at most one per batch
+    assert_one_row_per_key(enrichment_rows(wh))
+
+
+def test_once_another_writer_has_committed_every_later_chunk_is_merged(tmp_path):
+    """The append path trusts which keys were new when the job began; a commit by someone else (an import, another
+    job) makes that stale for the rest of the job, so the writer MERGEs from then on and no key lands twice."""
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+
+    from pipelines.ray_enrich import REPLACES_ERROR, ProposalWriter, commit
+
+    def rows(doc_ids: list[str]) -> pa.Table:
+        return pa.Table.from_pylist([
+            {"doc_id": d, "content_hash": "h", "model": MODEL, "prompt_version": "v", "backend": "openai",
+             "phrases": ["alt"], "weights": None, "raw_output": None, "input_tokens": 0, "output_tokens": 0,
+             "latency_ms": 0.0, "error": None, "enriched_at": datetime.now(timezone.utc), REPLACES_ERROR: False}
+            for d in doc_ids])  # all marked new, as when the job began
+
+    wh = str(tmp_path / "wh")
+    writer = ProposalWriter(wh, tables.ENRICHMENT)
+    assert writer.write(rows(["a", "b"]))["appended"] == 2
+    commit(wh, rows(["c", "f"]).drop_columns([REPLACES_ERROR]))  # another writer: keys of this job's next chunks
+    for chunk in (["c", "d"], ["e", "f"]):
+        stats = writer.write(rows(chunk))
+        assert (stats["appended"], stats["merged"]) == (0, 2)
+    writer.close()
+    rows_now = enrichment_rows(wh)
+    assert_one_row_per_key(rows_now)
+    assert sorted(r["doc_id"] for r in rows_now) == ["a", "b", "c", "d", "e", "f"]
