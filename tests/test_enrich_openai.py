@@ -241,8 +241,9 @@ def test_a_server_that_answers_close_to_the_timeout_gets_fewer_requests_at_once_
     docs = [{"_id": f"q{i:02d}", "title": f"Topic {i}", "text": f"Document number {i} about subject {i % 7}."}
             for i in range(20)]
     wh = make_warehouse(tmp_path, docs)
-    fake_openai.reset("ok", delay_s=1.0)  # over half the timeout: the server's queue is about to time requests out
-    summary = run_enrich(wh, fake_openai, timeout_s=1.6, batch_size=8, max_in_flight=8)
+    # Over half the timeout (the server's queue is about to time requests out), with over a second to spare.
+    fake_openai.reset("ok", delay_s=1.3)
+    summary = run_enrich(wh, fake_openai, timeout_s=2.4, batch_size=8, max_in_flight=8)
 
     at_arrival = [r.concurrent for r in fake_openai.requests]  # requests in flight as each one arrived
     assert (summary["enriched"], summary["errors"]) == (20, 0), at_arrival  # nothing timed out
