@@ -39,7 +39,7 @@ from pyspark.storagelevel import StorageLevel
 
 from pipelines.delta_io import read_table, table_exists, table_version
 from sira_core import tables
-from sira_core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, index_text
+from sira_core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, TermSet, index_text
 from sira_core.dfstats import phrase_candidates
 from sira_core.hashing import TERM_ID_SCHEME, doc_hash, term_id
 from sira_core.presets import IndexPreset
@@ -73,7 +73,7 @@ def analyzer_key(analyzer_json: str) -> str:
 # ---------------------------------------------------------------- Python workers (mapInArrow / applyInArrow) -----
 
 _ANALYZERS: dict[str, BatchAnalyzer] = {}
-_SENT: dict[str, "SentTerms"] = {}
+_SENT: dict[str, TermSet] = {}
 
 
 def _batch_analyzer(analyzer_json: str) -> BatchAnalyzer:
@@ -83,33 +83,13 @@ def _batch_analyzer(analyzer_json: str) -> BatchAnalyzer:
     return _ANALYZERS[analyzer_json]
 
 
-class SentTerms:
-    """Term ids this worker already sent to the dictionary during one build (sorted), so a frequent term is sent
-    once per worker rather than once per batch. Past `limit` ids it starts afresh: a term sent twice costs a row
-    (the dictionary merge drops it), never correctness."""
-
-    def __init__(self, limit: int = 20_000_000):
-        self.ids = np.empty(0, dtype=np.int64)
-        self.limit = limit
-
-    def fresh(self, sorted_ids: np.ndarray) -> np.ndarray:
-        """Positions in `sorted_ids` not sent yet; they count as sent from now on."""
-        pos = np.searchsorted(self.ids, sorted_ids)
-        known = pos < len(self.ids)
-        known[known] = self.ids[pos[known]] == sorted_ids[known]
-        fresh = np.flatnonzero(~known)
-        if len(self.ids) + len(fresh) > self.limit:
-            self.ids = sorted_ids[fresh]
-        else:
-            self.ids = np.insert(self.ids, pos[fresh], sorted_ids[fresh])
-        return fresh
-
-
-def _sent_terms(build_id: str) -> SentTerms:
-    # Scoped to one build: workers outlive builds, and another build (another warehouse) needs its own terms sent.
+def _sent_terms(build_id: str) -> TermSet:
+    """Term ids this worker already sent to the dictionary during one build, so a frequent term is sent once per
+    worker rather than once per batch. Scoped to the build: workers outlive builds, and another build (another
+    warehouse) needs its own terms sent."""
     if build_id not in _SENT:
         _SENT.clear()
-        _SENT[build_id] = SentTerms()
+        _SENT[build_id] = TermSet()
     return _SENT[build_id]
 
 
@@ -136,7 +116,7 @@ def analyze_documents(analyzer_json: str, build_id: str):
             terms = analyzer.analyze([index_text(title, text) for title, text in
                                       zip(batch.column("title").to_pylist(), batch.column("text").to_pylist())])
             offsets = pa.array(terms.offsets.astype(np.int32))
-            fresh = sent.fresh(terms.vocab_ids)
+            new_ids, new_terms = terms.new_terms(sent)
             yield from _with_dictionary_rows({
                 "doc_id": batch.column("doc_id").cast(pa.string()),
                 "content_hash": batch.column("content_hash").cast(pa.string()),
@@ -144,7 +124,7 @@ def analyze_documents(analyzer_json: str, build_id: str):
                 "doc_len": pa.array(terms.doc_lens, pa.int32()),
                 "term_ids": pa.ListArray.from_arrays(offsets, pa.array(terms.term_ids, pa.int64())),
                 "tfs": pa.ListArray.from_arrays(offsets, pa.array(terms.tfs, pa.int32())),
-            }, ANALYSIS_OUT, terms.vocab_ids[fresh], terms.vocab_terms(fresh)).to_batches()
+            }, ANALYSIS_OUT, new_ids, new_terms).to_batches()
 
     return fn
 

@@ -16,11 +16,12 @@ from functools import lru_cache
 from importlib import resources
 from typing import Iterable, Literal, Sequence
 
+import numba
 import numpy as np
 import Stemmer
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira_core.hashing import NGRAM_SEPARATOR, combine_term_ids, unigram_id
+from sira_core.hashing import NGRAM_SEPARATOR, unigram_id
 
 # Unicode word-boundary (UAX#29) approximation of Lucene's StandardTokenizer: letters and digits run
 # together; a single '.', ':' or apostrophe joins two letters, a single '.', ',', ';' or apostrophe joins two
@@ -117,34 +118,101 @@ class Analyzer:
         return Counter(self.terms(text))
 
 
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+@lru_cache(maxsize=1)
+def _bmp_combining_marks() -> re.Pattern:
+    """A character class of the combining marks below U+10000, as ranges (built once). A regex deletes them in C;
+    astral ranges would make every match slow, so those few marks are handled apart."""
+    marks = [cp for cp in range(0x10000) if unicodedata.combining(chr(cp))]
+    ranges, start = [], marks[0]
+    for prev, cp in zip(marks, marks[1:] + [-1]):
+        if cp != prev + 1:
+            ranges.append(re.escape(chr(start)) + ("-" + re.escape(chr(prev)) if prev > start else ""))
+            start = cp
+    return re.compile("[" + "".join(ranges) + "]")
+
+
 def _drop_combining_marks(text: str) -> str:
-    """Delete the combining marks NFKD folding leaves (accents): one str.replace per distinct mark, found from
-    the text's distinct characters, costs a few microseconds where a per-character loop costs ~100."""
-    for mark in [ch for ch in set(text) if ch > "\u02ff" and unicodedata.combining(ch)]:
-        text = text.replace(mark, "")
+    """Delete the combining marks NFKD folding leaves (accents), as `not unicodedata.combining(ch)` would."""
+    text = _bmp_combining_marks().sub("", text)
+    if _ASTRAL.search(text):
+        for mark in [ch for ch in set(text) if ch > "\uffff" and unicodedata.combining(ch)]:
+            text = text.replace(mark, "")
     return text
 
 
 @dataclass(frozen=True)
 class BatchTerms:
     """The terms of a batch of texts as arrays: doc i's distinct term ids are term_ids[offsets[i]:offsets[i+1]]
-    (ascending) with their counts in tfs; doc_lens counts every term (n-grams included), as Analyzer.terms does.
-    `vocab_ids` are the batch's distinct term ids (ascending); `vocab_terms(positions)` spells some of them."""
+    (ascending) with their counts in tfs; doc_lens counts every term (n-grams included), as Analyzer.terms does."""
 
     offsets: np.ndarray
     term_ids: np.ndarray
     tfs: np.ndarray
     doc_lens: np.ndarray
-    vocab_ids: np.ndarray
     _tokens: np.ndarray  # the batch's stem indices, stopwords removed
-    _vocab_start: np.ndarray  # per vocab entry: where its first occurrence starts in _tokens ...
-    _vocab_order: np.ndarray  # ... and how many tokens it joins
+    _where: np.ndarray  # per term_ids entry: the token position where it starts ...
+    _order: np.ndarray  # ... and how many tokens it joins
     _stems: list
 
-    def vocab_terms(self, positions: np.ndarray) -> list[str]:
+    def new_terms(self, seen: "TermSet") -> tuple[np.ndarray, list[str]]:
+        """The ids and spellings of the batch's terms that `seen` lacks (each once); they join `seen`."""
+        positions = seen.add_new(self.term_ids)
         stems, tokens = self._stems, self._tokens.tolist()
-        return [NGRAM_SEPARATOR.join([stems[t] for t in tokens[s:s + n]])
-                for s, n in zip(self._vocab_start[positions].tolist(), self._vocab_order[positions].tolist())]
+        spelled = [NGRAM_SEPARATOR.join([stems[t] for t in tokens[s:s + n]])
+                   for s, n in zip(self._where[positions].tolist(), self._order[positions].tolist())]
+        return self.term_ids[positions], spelled
+
+
+class TermSet:
+    """A set of int64 term ids in an open-addressing table (compiled probes, no Python object per id), for "which
+    of these millions of ids are new". It empties itself before it would fill past half its slots: a term is then
+    new again, which costs a repeated row downstream, never a missing one."""
+
+    def __init__(self, slots_log2: int = 23):
+        self._bits = slots_log2
+        self.clear()
+
+    def clear(self) -> None:
+        self._keys = np.zeros(1 << self._bits, dtype=np.uint64)
+        self._used = np.zeros(1 << self._bits, dtype=np.bool_)
+        self.size = 0
+
+    def add_new(self, ids: np.ndarray) -> np.ndarray:
+        """Positions in `ids` of the ids not in the set (the first of repeats), which are added."""
+        ids = np.asarray(ids, dtype=np.int64).view(np.uint64)
+        found, start = [], 0
+        while start < len(ids):
+            room = len(self._keys) // 2 - self.size
+            positions, start = _add_new(self._keys, self._used, ids, np.uint64(64 - self._bits), start, room)
+            found.append(positions)
+            self.size += len(positions)
+            if start < len(ids):  # half full: start afresh
+                self.clear()
+        return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_new(keys, used, ids, shift, start, room):
+    """Insert ids[start:] until `room` new ids went in; returns their positions and where it stopped."""
+    out = np.empty(min(ids.size - start, room), dtype=np.int64)
+    mask = np.uint64(keys.size - 1)
+    n = 0
+    i = start
+    while i < ids.size and n < room:
+        key = ids[i]
+        slot = (key * np.uint64(0x9E3779B97F4A7C15)) >> shift  # multiplicative hashing: the top bits
+        while used[slot] and keys[slot] != key:
+            slot = (slot + np.uint64(1)) & mask
+        if not used[slot]:
+            used[slot] = True
+            keys[slot] = key
+            out[n] = i
+            n += 1
+        i += 1
+    return out[:n], i
 
 
 class _WordCache(dict):
@@ -164,8 +232,8 @@ class BatchAnalyzer:
     """Analyzer.terms for many texts at once, as arrays: what the index build runs over whole corpora.
 
     Per text, Python only finds the words and looks each up in a word cache (word -> stem index); stopwords,
-    stemming and the unigram's hash happen once per distinct word. N-grams, their ids (`combine_term_ids`) and
-    the per-document counts are numpy operations over the whole batch. The result equals Analyzer.terms
+    stemming and the unigram's hash happen once per distinct word. N-grams, their ids (the fold of
+    sira_core.hashing.combine_term_ids) and the per-document counts are one compiled pass over the batch. The result equals Analyzer.terms
     (tests/test_analysis.py compares them). Keep one per process: the caches are what make it fast; they are
     emptied when they outgrow `cache_limit` words, so memory stays bounded on any corpus."""
 
@@ -207,40 +275,81 @@ class BatchAnalyzer:
             flat.extend(stems)
             lengths[i] = len(stems)
         tokens = np.array(flat, dtype=np.int64)
-        doc_of = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)
         kept = tokens >= 0
-        tokens, doc_of = tokens[kept], doc_of[kept]
-        ids, docs, starts, orders = [self._stem_ids[tokens]], [doc_of], [np.arange(len(tokens))], [1]
-        gram = ids[0]
-        for n in range(2, self.analyzer.config.max_n + 1):
-            m = len(tokens) - n + 1
-            if m <= 0:
-                break
-            gram = combine_term_ids(gram[:m], ids[0][n - 1:])  # left fold: (t_i .. t_i+n-2) + t_i+n-1
-            same_doc = doc_of[:m] == doc_of[n - 1:]
-            ids.append(gram[same_doc])
-            docs.append(doc_of[:m][same_doc])
-            starts.append(np.flatnonzero(same_doc))
-            orders.append(n)
-        all_ids, all_docs = np.concatenate(ids), np.concatenate(docs)
-        vocab_ids, local = np.unique(all_ids, return_inverse=True)
-        first = np.empty(len(vocab_ids), dtype=np.int64)
-        first[local[::-1]] = np.arange(len(local) - 1, -1, -1)  # reversed: the first occurrence writes last
-        keys, tfs = np.unique(all_docs * max(len(vocab_ids), 1) + local, return_counts=True)
-        doc_sorted = keys // max(len(vocab_ids), 1)
-        flat_starts = np.concatenate(starts)
-        order_of = np.repeat(np.array(orders), [len(s) for s in starts])
-        return BatchTerms(
-            offsets=np.searchsorted(doc_sorted, np.arange(len(texts) + 1)).astype(np.int64),
-            term_ids=vocab_ids[keys % max(len(vocab_ids), 1)],
-            tfs=tfs.astype(np.int32),
-            doc_lens=np.bincount(all_docs, minlength=len(texts)).astype(np.int32),
-            vocab_ids=vocab_ids,
-            _tokens=tokens,
-            _vocab_start=flat_starts[first],
-            _vocab_order=order_of[first],
-            _stems=self._stems,
-        )
+        per_doc = np.bincount(np.repeat(np.arange(len(texts)), lengths)[kept], minlength=len(texts))
+        tokens = tokens[kept]
+        offsets, term_ids, tfs, where, order, doc_lens = _count_terms(
+            np.concatenate([[0], np.cumsum(per_doc)]).astype(np.int64), self._stem_ids[tokens].view(np.uint64),
+            self.analyzer.config.max_n)
+        return BatchTerms(offsets=offsets, term_ids=term_ids, tfs=tfs, doc_lens=doc_lens, _tokens=tokens,
+                          _where=where, _order=order, _stems=self._stems)
+
+
+_GOLDEN_U = np.uint64(0x9E3779B97F4A7C15)
+_OFFSET_U = np.uint64(0x632BE59BD9B4E019)
+_MIX1_U = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2_U = np.uint64(0x94D049BB133111EB)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _combine_u64(left, right):
+    """sira_core.hashing's fold step on uint64 (kept in uint64 throughout: numba widens mixed signs to float)."""
+    z = left * _GOLDEN_U + right + _OFFSET_U
+    z = (z ^ (z >> np.uint64(30))) * _MIX1_U
+    z = (z ^ (z >> np.uint64(27))) * _MIX2_U
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_terms(tok_offsets, unigram_ids, max_n):
+    """Per document (its tokens' unigram ids between tok_offsets[d] and [d+1]): every term (unigrams, then the
+    n-grams of adjacent tokens up to max_n) counted. Returns offsets, term ids (ascending per document), tfs,
+    for each entry a token position and order where that term occurs (to spell it), and each document's length."""
+    n_docs = tok_offsets.size - 1
+    longest = 0
+    for d in range(n_docs):
+        longest = max(longest, tok_offsets[d + 1] - tok_offsets[d])
+    cap = unigram_ids.size * max_n
+    buf = np.empty(longest * max_n, dtype=np.uint64)
+    buf_pos = np.empty(longest * max_n, dtype=np.int64)
+    buf_order = np.empty(longest * max_n, dtype=np.int8)
+    offsets = np.empty(n_docs + 1, dtype=np.int64)
+    out_ids = np.empty(cap, dtype=np.uint64)
+    out_tfs = np.empty(cap, dtype=np.int32)
+    out_pos = np.empty(cap, dtype=np.int64)
+    out_order = np.empty(cap, dtype=np.int8)
+    doc_lens = np.empty(n_docs, dtype=np.int32)
+    k = 0
+    for d in range(n_docs):
+        a, b = tok_offsets[d], tok_offsets[d + 1]
+        m = 0
+        for n in range(1, max_n + 1):
+            for i in range(a, b - n + 1):
+                h = unigram_ids[i]
+                for j in range(1, n):
+                    h = _combine_u64(h, unigram_ids[i + j])
+                buf[m] = h
+                buf_pos[m] = i
+                buf_order[m] = n
+                m += 1
+        doc_lens[d] = m
+        offsets[d] = k
+        # Term ids compare as signed int64 (the order the index keeps), so sort their signed view.
+        idx = np.argsort(buf[:m].view(np.int64))
+        i = 0
+        while i < m:
+            t = buf[idx[i]]
+            j = i + 1
+            while j < m and buf[idx[j]] == t:
+                j += 1
+            out_ids[k] = t
+            out_tfs[k] = j - i
+            out_pos[k] = buf_pos[idx[i]]
+            out_order[k] = buf_order[idx[i]]
+            k += 1
+            i = j
+    offsets[n_docs] = k
+    return offsets, out_ids[:k].view(np.int64), out_tfs[:k], out_pos[:k], out_order[:k], doc_lens
 
 
 def index_text(title: str, text: str) -> str:

@@ -47,3 +47,59 @@ def test_ngrams_up_to_order_three():
 def test_porter_leaves_one_and_two_letter_words_alone_like_lucene():
     a = Analyzer(AnalyzerConfig(stemmer="porter", stopwords="none"))
     assert a.tokens("s us news flies") == ["s", "us", "new", "fli"]
+
+
+# ---- BatchAnalyzer: the index build's vectorised analysis must give Analyzer.terms exactly ----------------------
+
+import random  # noqa: E402
+from collections import Counter  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from sira_core.analysis import BatchAnalyzer, TermSet  # noqa: E402
+from sira_core.hashing import term_id  # noqa: E402
+
+TRICKY = ["", "the a an of", "Café naïve Über-größe ﬁnance", "x\u0301\u0302y \U0001D165z", "don't U.S. 3.5 1,000 "
+          "John's dog\u2019s e.g. IL-6", "a b a b a b", "Résumé résumé RESUME", "日本語 テキスト", "snake_case x_y"]
+
+
+def random_texts(n: int, seed: int = 3) -> list[str]:
+    rng = random.Random(seed)
+    words = ["heart", "attack", "the", "of", "running", "runs", "café", "naïve", "IL-6", "3.5", "U.S.", "don't",
+             "patient's", "blood", "pressure", "ﬁnance", "x\u0301", "1,000", "e.g.", "über", "日本", "a", "insulin"]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(0, 40))) for _ in range(n)] + TRICKY
+
+
+@pytest.mark.parametrize("preset", ["sira", "pyserini-flat", "sira@n=3"])
+def test_batch_analysis_equals_analyzer_terms_counts_and_lengths(preset):
+    config = get_preset(preset).analyzer
+    texts = random_texts(300)
+    batch = BatchAnalyzer(config, cache_limit=50)  # small: the caches are emptied between the batches too
+    reference = Analyzer(config)
+    for part in (texts[:150], texts[150:]):
+        got = batch.analyze(part)
+        for i, text in enumerate(part):
+            counts = Counter(reference.terms(text))
+            lo, hi = got.offsets[i], got.offsets[i + 1]
+            assert list(zip(got.term_ids[lo:hi].tolist(), got.tfs[lo:hi].tolist())) == \
+                sorted((term_id(t), n) for t, n in counts.items()), text
+            assert got.doc_lens[i] == sum(counts.values())
+
+
+def test_new_terms_are_spelled_as_the_analyzer_spells_them_and_given_once():
+    config = get_preset("sira").analyzer
+    texts = random_texts(100)
+    got = BatchAnalyzer(config).analyze(texts)
+    seen = TermSet()
+    ids, spelled = got.new_terms(seen)
+    expected = {term_id(t): t for text in texts for t in Analyzer(config).terms(text)}
+    assert dict(zip(ids.tolist(), spelled)) == expected and len(ids) == len(expected)
+    assert len(got.new_terms(seen)[0]) == 0  # all seen now
+
+
+def test_a_full_term_set_starts_afresh_and_never_loses_a_new_id():
+    seen = TermSet(slots_log2=4)  # 16 slots: 8 ids fit
+    got = seen.add_new(np.array([5, 6, 5, 7, 8, 9, 10, 11, 12, 5]))
+    assert got.tolist() == [0, 1, 3, 4, 5, 6, 7, 8, 9]  # 5 is new again once the set started afresh
+    assert seen.add_new(np.array([5, 13])).tolist() == [1]
