@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.delta_io import read_table, table_exists
+from pipelines.shard_cache import cached_shard
 from sira_core import tables
 from sira_core.analysis import Analyzer, AnalyzerConfig
 from sira_core.bm25 import CorpusStats, ShardIndex
@@ -76,10 +77,11 @@ def load_searcher(
     warehouse: str, index_version: int | None = None, preset: str | None = None, shards: Sequence[int] | None = None,
     enriched: bool | None = None,
 ) -> tuple[Searcher, dict]:
-    """A searcher over all (or some) shards of one published index version, and its manifest row."""
+    """A searcher over all (or some) shards of one published index version, and its manifest row. Shards
+    are memory-mapped from the local cache, which is written from Delta on first use (pipelines.shard_cache)."""
     manifest = find_index(warehouse, index_version, preset, enriched)
     wanted = range(manifest["num_shards"]) if shards is None else shards
-    loaded = [load_shard(warehouse, manifest, s) for s in wanted]
+    loaded = [cached_shard(warehouse, manifest, s, load_shard) for s in wanted]
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
     analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
     return Searcher(loaded, stats, analyzer), manifest
