@@ -7,28 +7,39 @@ A query is a set of (term id, weight) pairs.
 
 Scores are fixed-point sums. Each contribution w * impact is the product of two float32 values, exact in
 float64; it is rounded up to a multiple of 2^-FIXED_POINT_BITS and the contributions are added as int64.
-Integer addition does not depend on the order of its terms, so every evaluation order (term at a time over
-all postings, or window by window with a per-shard order of terms) gives the same bits, and upper bounds
-are exact integers: pruning needs no float slack to be safe. A score is returned as float64 (the integer
-times 2^-32, exact below MAX_SCORE); its resolution, 2.3e-10, is far finer than float32's.
+Integer addition does not depend on the order of its terms, so every evaluation order (all postings term
+at a time, or a per-shard order of terms with some merged into candidates later) gives the same bits, and
+upper bounds are exact integers: pruning needs no float slack to be safe. A score is returned as float64
+(the integer times 2^-32, exact below MAX_SCORE); its resolution, 2.3e-10, is far finer than float32's.
 
 Top-k uses a total order, (score desc, doc ordinal asc). Doc ordinals follow doc-id order inside a shard, so
 merging per-shard top-k by (score desc, doc id asc) equals the single-shard result exactly.
 
-Pruning (`top_k_many`): windowed MaxScore with block-max bounds, after Lucene's MaxScoreBulkScorer. Doc
-ordinals are walked in windows of WINDOW_DOCS; in each window every term's upper bound is its weight times
-the largest block maximum (BLOCK_SIZE postings per block) overlapping the window. Terms whose bounds add up
-to no more than the current k-th best score are non-essential: a document they alone match cannot enter the
-top-k. Essential terms are scored term at a time into a window accumulator; each candidate, in ordinal order,
-then probes the non-essential terms (largest bound first) only while its score plus their remaining bounds
-can still beat the k-th best. Must terms are a conjunctive filter (they also move the window start forward),
-exclude terms and skipped ordinals a negative one. A window whose bounds add up to no more than the k-th
-best is skipped without reading a posting. `exhaustive=True` scores every posting (the reference).
+Pruning (`top_k_many`): MaxScore, term at a time. A term's upper bound is its weight times its largest impact
+(`term_max`, stored with the shard). Terms are taken by bound, largest first. Phase A scores them in full
+into a per-shard accumulator while the bounds of the terms left add up to at least the floor, the score a
+hit needs: past that point a document none of the phase-A terms holds cannot reach the top k. Phase B merges
+each remaining term into the candidates (documents phase A touched that can still reach the floor), in
+ordinal order, stepping over blocks of postings no candidate falls in, and drops after each term the
+candidates the terms left cannot lift to the floor. The floor comes from another shard's k-th best (passed
+in: the searcher scores its shards in turn), from the exact scores of the k most promising documents once
+the first terms are in (k <= SEED_K), or from the k-th best partial score of recently touched documents
+(partial scores only grow). Must / exclude terms and skipped documents are a doc mask, an exact filter
+applied before any document counts towards the floor.
+
+Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound and k is small. Measured
+on 1M synthetic documents (bench/searcher_scale.py): plain queries (~15 terms) at k=10 run 1.25x faster
+pruned than exhaustive; queries with 54 pseudo-relevance-feedback expansion terms of similar bounds, or k in
+the hundreds, run 0.3-0.7x as fast, because no early switch to phase B is possible and the candidates are
+too dense to step over postings. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= SEED_K
+and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests compare them). Both use
+the floors of other shards when selecting.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -41,8 +52,10 @@ IMPACT_DTYPE = np.float32  # impacts and query weights
 FIXED_POINT_BITS = 32
 _FIXED_SCALE = float(2**FIXED_POINT_BITS)
 MAX_SCORE = float(2 ** (53 - FIXED_POINT_BITS))  # int64 sums below 2^53 are exact in float64
-BLOCK_SIZE = 128  # postings per block maximum: 1/32 byte per posting
-WINDOW_DOCS = 4096  # doc ordinals per window of the pruned scorer: its accumulator (32 KiB) stays in L1/L2
+SKIP_BLOCK = 128  # postings a phase-B merge steps over at once when no candidate falls among them
+SEED_K = 64  # up to this k, the pruned scorer scores its k most promising docs exactly to set its floor
+PRUNE_MAX_TERMS = 32  # "auto" prunes queries with at most this many terms (and k <= SEED_K); see above
+MERGE_RATIO = 8  # phase B merges a term into the candidates when its list is this many times longer, else scans
 
 
 def idf(num_docs: int, df: np.ndarray) -> np.ndarray:
@@ -58,12 +71,13 @@ def saturated_tf(tf: np.ndarray, doc_len: np.ndarray, avgdl: float, k1: float, b
     return tf * (k1 + 1.0) / (tf + norm)
 
 
-def block_maxima(impacts: np.ndarray) -> np.ndarray:
-    """Largest impact of each run of BLOCK_SIZE postings of the flat postings array. Blocks cross term
-    boundaries, so a block's maximum bounds every term it holds and no per-term offsets are stored."""
-    if len(impacts) == 0:
-        return np.empty(0, dtype=IMPACT_DTYPE)
-    return np.maximum.reduceat(impacts, np.arange(0, len(impacts), BLOCK_SIZE)).astype(IMPACT_DTYPE, copy=False)
+def term_maxima(indptr: np.ndarray, impacts: np.ndarray) -> np.ndarray:
+    """Largest impact of each term (0 for a term without postings): the pruned scorer's upper bounds."""
+    out = np.zeros(len(indptr) - 1, dtype=IMPACT_DTYPE)
+    held = np.flatnonzero(np.diff(indptr) > 0)
+    if len(held):
+        out[held] = np.maximum.reduceat(impacts, indptr[held])
+    return out
 
 
 def as_doc_id_array(doc_ids) -> pa.LargeStringArray:
@@ -141,11 +155,11 @@ class ShardIndex:
         indptr: np.ndarray,
         doc_ords: np.ndarray,
         impacts: np.ndarray,
-        block_max: np.ndarray | None = None,
+        term_max: np.ndarray | None = None,
     ):
         """`doc_ids`: anything pyarrow takes as strings (list, numpy object array, Arrow array), sorted; doc
-        ordinal i is doc_ids[i]. `impacts`: > 0, as BM25 contributions are. `block_max`:
-        block_maxima(impacts), computed here when not given."""
+        ordinal i is doc_ids[i]. `impacts`: > 0, as BM25 contributions are. `term_max`:
+        term_maxima(indptr, impacts), computed here when not given."""
         doc_ids = as_doc_id_array(doc_ids)
         if len(doc_ids) != len(doc_lens):
             raise ValueError(f"shard {shard}: doc_ids and doc_lens differ in length")
@@ -163,11 +177,14 @@ class ShardIndex:
         self.indptr = _read_only(np.asarray(indptr, dtype=np.int64))
         self.doc_ords = _read_only(np.asarray(doc_ords, dtype=np.int32))
         self.impacts = _read_only(np.asarray(impacts, dtype=IMPACT_DTYPE))
-        block_max = block_maxima(self.impacts) if block_max is None else np.asarray(block_max, dtype=IMPACT_DTYPE)
-        if len(block_max) != -(-len(self.impacts) // BLOCK_SIZE):
-            raise ValueError(f"shard {shard}: {len(block_max)} block maxima for {len(self.impacts)} postings")
-        self.block_max = _read_only(block_max)
-        self.max_impact = float(self.block_max.max()) if len(self.block_max) else 0.0
+        term_max = term_maxima(self.indptr, self.impacts) if term_max is None else \
+            np.asarray(term_max, dtype=IMPACT_DTYPE)
+        if len(term_max) != len(self.term_ids):
+            raise ValueError(f"shard {shard}: {len(term_max)} term maxima for {len(self.term_ids)} terms")
+        self.term_max = _read_only(term_max)
+        self.max_impact = float(self.term_max.max()) if len(self.term_max) else 0.0
+        self._lock = threading.Lock()
+        self._work: tuple[np.ndarray, ...] | None = None
 
     @classmethod
     def from_postings(
@@ -203,13 +220,13 @@ class ShardIndex:
         """Every array of the shard by name (what a cache stores; doc ids as offsets + bytes)."""
         return {"doc_id_offsets": self.doc_id_offsets, "doc_id_data": self.doc_id_data, "doc_lens": self.doc_lens,
                 "term_ids": self.term_ids, "indptr": self.indptr, "doc_ords": self.doc_ords,
-                "impacts": self.impacts, "block_max": self.block_max}
+                "impacts": self.impacts, "term_max": self.term_max}
 
     @classmethod
     def from_arrays(cls, shard: int, arrays: dict[str, np.ndarray]) -> "ShardIndex":
         """The inverse of arrays(), without copying them."""
         return cls(shard, doc_ids_from_buffers(arrays["doc_id_offsets"], arrays["doc_id_data"]), arrays["doc_lens"],
-                   arrays["term_ids"], arrays["indptr"], arrays["doc_ords"], arrays["impacts"], arrays["block_max"])
+                   arrays["term_ids"], arrays["indptr"], arrays["doc_ords"], arrays["impacts"], arrays["term_max"])
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays().values())
@@ -238,9 +255,9 @@ class ShardIndex:
         return np.array(sorted(found), dtype=np.int32)
 
     def top_k(self, query: WeightedQuery, k: int, must: Sequence[int] = (), exclude: Sequence[int] = (),
-              exhaustive: bool = False) -> tuple[np.ndarray, np.ndarray]:
+              scorer: str = "auto") -> tuple[np.ndarray, np.ndarray]:
         """Doc ordinals and scores of the k best documents, by (score desc, ordinal asc)."""
-        ords, scores, counts = self.top_k_many([query], k, [(must, exclude)], exhaustive=exhaustive)
+        ords, scores, counts = self.top_k_many([query], k, [(must, exclude)], scorer=scorer)
         return ords[0, : counts[0]], scores[0, : counts[0]]
 
     def top_k_many(
@@ -249,27 +266,24 @@ class ShardIndex:
         k: int,
         constraints: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
         skip_ords: Sequence[np.ndarray] | None = None,
-        exhaustive: bool = False,
+        scorer: str = "auto",
+        floors: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Score a batch of queries in one compiled call: (ords [q, k] int32, scores [q, k] float64, hit
-        counts [q]), each row best first. constraints[i] = (must term ids, exclude term ids): a hit holds every
-        must term and no exclude term. skip_ords[i]: sorted ordinals query i must not return (excluded doc ids).
-        Pruned and exhaustive scoring return the same ordinals and the same scores."""
+        """Score a batch of queries: (ords [q, k] int32, scores [q, k] float64, hit counts [q]), each row best
+        first. constraints[i] = (must term ids, exclude term ids): a hit holds every must term and no exclude
+        term. skip_ords[i]: ordinals query i must not return (excluded doc ids). floors[i]: query i needs no
+        hit scoring below it (another shard already has k hits that good), so fewer than k may come back.
+        scorer: "auto", "pruned" or "exhaustive" (module docstring); all return the same ordinals and scores."""
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
+        if scorer not in ("auto", "pruned", "exhaustive"):
+            raise ValueError(f"scorer must be auto, pruned or exhaustive, got {scorer!r}")
         k = min(k, max(self.num_docs, 1))
-        constraints = constraints or [((), ())] * len(queries)
         term_ptr, all_ids = _ragged([q.term_ids for q in queries])
         all_weights = np.concatenate([q.weights for q in queries] + [np.empty(0, IMPACT_DTYPE)])
         query_of_term = np.repeat(np.arange(len(queries)), np.diff(term_ptr))
         rows = self.rows_of(all_ids)
         keep = rows >= 0
-        must_ptr, must_rows = _ragged([must for must, _ in constraints])
-        must_rows = self.rows_of(must_rows)
-        # A must term this shard lacks: no document of this shard qualifies, so the query scores nothing here.
-        impossible = np.zeros(len(queries), dtype=bool)
-        impossible[np.repeat(np.arange(len(queries)), np.diff(must_ptr))[must_rows < 0]] = True
-        keep &= ~impossible[query_of_term]
         q_ptr = _kept_ptr(term_ptr, keep)
         rows, weights = rows[keep], all_weights[keep].astype(np.float64)
         heaviest = np.zeros(len(queries))
@@ -277,39 +291,48 @@ class ShardIndex:
         if np.any(heaviest * self.max_impact >= MAX_SCORE / 2):
             raise ValueError(f"query weights too large: scores would exceed {MAX_SCORE / 2:g}")
         weight_scale = weights * _FIXED_SCALE
-        skip_ords = skip_ords or [np.empty(0, np.int32)] * len(queries)
-        if exhaustive:
-            out = self._top_k_exhaustive(q_ptr, rows, weight_scale, k, constraints, skip_ords)
-        else:
-            exclude_ptr, exclude_rows = _ragged([exclude for _, exclude in constraints])
-            exclude_rows = self.rows_of(exclude_rows)
-            held = exclude_rows >= 0  # an exclude term the shard lacks excludes nothing here
-            out = _pruned_top_k(
-                self.indptr, self.doc_ords, self.impacts, self.block_max, self.num_docs, q_ptr, rows, weight_scale,
-                must_ptr, must_rows, _kept_ptr(exclude_ptr, held), exclude_rows[held], *_ragged(skip_ords), k,
-                BLOCK_SIZE, WINDOW_DOCS)
-        ords, fixed, counts = out
+        fixed_floors = np.zeros(len(queries), dtype=np.int64) if floors is None else \
+            np.round(np.asarray(floors, dtype=np.float64) * _FIXED_SCALE).astype(np.int64)
+        constraints = constraints or [((), ())] * len(queries)
+        skip_ords = skip_ords or [None] * len(queries)
+        masks = [self.constraint_mask(must, exclude, skip) for (must, exclude), skip in zip(constraints, skip_ords)]
+        prune = np.full(len(queries), scorer == "pruned") if scorer != "auto" else \
+            (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= SEED_K)
+        ords = np.zeros((len(queries), k), dtype=np.int32)
+        fixed = np.zeros((len(queries), k), dtype=np.int64)
+        counts = np.zeros(len(queries), dtype=np.int64)
+        # Unconstrained queries share one compiled call per scorer; a constrained one is scored alone under its
+        # doc mask.
+        groups = [[i for i, m in enumerate(masks) if m is None and prune[i] == p] for p in (True, False)] + \
+            [[i] for i, m in enumerate(masks) if m is not None]
+        for group in filter(None, groups):
+            picked = np.concatenate([np.arange(q_ptr[i], q_ptr[i + 1]) for i in group]).astype(np.int64)
+            sub_ptr = np.zeros(len(group) + 1, dtype=np.int64)
+            np.cumsum([q_ptr[i + 1] - q_ptr[i] for i in group], out=sub_ptr[1:])
+            mask = masks[group[0]] if masks[group[0]] is not None else np.empty(0, np.uint8)
+            with self._lock:  # the kernels share this shard's work arrays
+                work = self._work_arrays()
+                if not prune[group[0]]:
+                    out = _exhaustive_top_k(self.indptr, self.doc_ords, self.impacts, sub_ptr, rows[picked],
+                                            weight_scale[picked], fixed_floors[group], k, self.num_docs, mask,
+                                            work[0], work[4])
+                else:
+                    out = _pruned_top_k(self.indptr, self.doc_ords, self.impacts, self.term_max, self.num_docs,
+                                        sub_ptr, rows[picked], weight_scale[picked], fixed_floors[group], k, mask,
+                                        SKIP_BLOCK, SEED_K, MERGE_RATIO, *work)
+            ords[group], fixed[group], counts[group] = out
         return ords, fixed * (1.0 / _FIXED_SCALE), counts
 
-    def _top_k_exhaustive(self, q_ptr, rows, weight_scale, k, constraints, skip_ords):
-        """Every posting of every term: unconstrained queries share one compiled call, constrained ones are
-        scored one by one under their doc mask."""
-        n = len(q_ptr) - 1
-        ords = np.zeros((n, k), dtype=np.int32)
-        fixed = np.zeros((n, k), dtype=np.int64)
-        counts = np.zeros(n, dtype=np.int64)
-        masks = [self.constraint_mask(must, exclude, skip) for (must, exclude), skip in zip(constraints, skip_ords)]
-        groups = [[i for i in range(n) if masks[i] is None]] + [[i] for i in range(n) if masks[i] is not None]
-        for group in groups:
-            if not group:
-                continue
-            sub_ptr = np.concatenate([[0], np.cumsum([q_ptr[i + 1] - q_ptr[i] for i in group])]).astype(np.int64)
-            picked = np.concatenate([np.arange(q_ptr[i], q_ptr[i + 1]) for i in group]).astype(np.int64)
-            mask = masks[group[0]] if masks[group[0]] is not None else np.empty(0, np.uint8)
-            o, f, c = _exhaustive_top_k(self.indptr, self.doc_ords, self.impacts, sub_ptr, rows[picked],
-                                        weight_scale[picked], k, self.num_docs, mask)
-            ords[group], fixed[group], counts[group] = o, f, c
-        return ords, fixed, counts
+    def _work_arrays(self) -> tuple[np.ndarray, ...]:
+        """Per-doc arrays the kernels reuse from query to query instead of allocating and zeroing them each
+        time: acc, gains (left zeroed), values, spare (int64); touched, cand, cand_ords, spare_o (int32);
+        marks (a bitmap, left zeroed). Made on first use: a shard that is only loaded costs nothing."""
+        if self._work is None:
+            n = self.num_docs
+            self._work = (np.zeros(n, np.int64), np.zeros(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+                          np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32),
+                          np.zeros(n // 64 + 1, np.uint64))
+        return self._work
 
     def docs_with_term(self, term_id_: int) -> np.ndarray:
         """Doc ordinals holding a term (sorted)."""
@@ -319,7 +342,7 @@ class ShardIndex:
     def constraint_mask(self, must: Sequence[int], exclude: Sequence[int],
                         skip: np.ndarray | None = None) -> np.ndarray | None:
         """0/1 mask of docs holding every `must` term id, no `exclude` term id and not in `skip` (None: no
-        constraint). The exhaustive scorer's filter; the pruned one walks the postings instead."""
+        constraint)."""
         if not len(must) and not len(exclude) and (skip is None or not len(skip)):
             return None
         mask = np.ones(self.num_docs, dtype=np.uint8)
@@ -387,83 +410,77 @@ def _fixed(impact, weight_scale):
     return np.int64(math.ceil(np.float64(impact) * weight_scale))
 
 
+@numba.njit(cache=True, nogil=True)
+def _keep_best(buf_s, buf_o, m, k, scratch_s, scratch_o):
+    """Keep the k best of the m hits in buf[:m] (score desc, ordinal asc; given in any order) in buf[:k].
+    Returns how many are kept; when that is k, buf_s[:k].min() is the k-th best score."""
+    if m <= k:
+        return m
+    scratch_s[:m] = buf_s[:m]
+    kth = np.partition(scratch_s[:m], m - k)[m - k]
+    above = 0
+    ties = 0
+    for i in range(m):
+        if buf_s[i] > kth:
+            above += 1
+        elif buf_s[i] == kth:
+            scratch_o[ties] = buf_o[i]
+            ties += 1
+    need = k - above  # of the hits tied at kth, the `need` lowest ordinals stay
+    last_ord = np.partition(scratch_o[:ties], need - 1)[need - 1] if need < ties else np.int32(2**31 - 1)
+    kept = 0
+    for i in range(m):
+        if buf_s[i] > kth or (buf_s[i] == kth and buf_o[i] <= last_ord):
+            buf_s[kept] = buf_s[i]
+            buf_o[kept] = buf_o[i]
+            kept += 1
+    return kept
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
-def _worse(score_a, ord_a, score_b, ord_b):
-    """Is hit a ranked below hit b under (score desc, ordinal asc)?"""
-    return score_a < score_b or (score_a == score_b and ord_a > ord_b)
+def _gather(buf_s, buf_o, m, k, s, d, scratch_s, scratch_o, theta):
+    """Append hit (s, d) to buf[:m]; when buf is full, keep the k best and make theta the k-th best score.
+    Returns the new count and theta."""
+    buf_s[m] = s
+    buf_o[m] = d
+    m += 1
+    if m == buf_s.size:
+        m = _keep_best(buf_s, buf_o, m, k, scratch_s, scratch_o)
+        theta = buf_s[:m].min()
+    return m, theta
 
 
 @numba.njit(cache=True, nogil=True)
-def _heap_offer(heap_s, heap_o, size, k, s, o):
-    """Keep the k best hits in a binary heap whose root is the worst kept hit; returns the new size."""
-    if size < k:
-        i = size
-        size += 1
-        heap_s[i] = s
-        heap_o[i] = o
-        while i > 0:  # sift up
-            parent = (i - 1) // 2
-            if _worse(heap_s[i], heap_o[i], heap_s[parent], heap_o[parent]):
-                heap_s[i], heap_s[parent] = heap_s[parent], heap_s[i]
-                heap_o[i], heap_o[parent] = heap_o[parent], heap_o[i]
-                i = parent
-            else:
-                break
-        return size
-    if not _worse(heap_s[0], heap_o[0], s, o):
-        return size
-    heap_s[0] = s
-    heap_o[0] = o
-    _sift_down(heap_s, heap_o, 0, size)
-    return size
+def _write_best(buf_s, buf_o, m, k, scratch_s, scratch_o, out_s, out_o):
+    """The k best of buf[:m] into out, best first; returns how many."""
+    n = _keep_best(buf_s, buf_o, m, k, scratch_s, scratch_o)
+    by_ord = np.argsort(buf_o[:n], kind="mergesort")
+    by_score = np.argsort(-buf_s[:n][by_ord], kind="mergesort")  # stable: ordinal asc among equal scores
+    for i in range(n):
+        j = by_ord[by_score[i]]
+        out_s[i] = buf_s[j]
+        out_o[i] = buf_o[j]
+    return n
 
 
 @numba.njit(cache=True, nogil=True)
-def _sift_down(heap_s, heap_o, i, size):
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            return
-        child = left
-        right = left + 1
-        if right < size and _worse(heap_s[right], heap_o[right], heap_s[left], heap_o[left]):
-            child = right
-        if _worse(heap_s[child], heap_o[child], heap_s[i], heap_o[i]):
-            heap_s[i], heap_s[child] = heap_s[child], heap_s[i]
-            heap_o[i], heap_o[child] = heap_o[child], heap_o[i]
-            i = child
-        else:
-            return
-
-
-@numba.njit(cache=True, nogil=True)
-def _heap_drain(heap_s, heap_o, size, out_s, out_o):
-    """Pop worst-first into the tail: the output is best first."""
-    while size > 0:
-        out_s[size - 1] = heap_s[0]
-        out_o[size - 1] = heap_o[0]
-        size -= 1
-        heap_s[0] = heap_s[size]
-        heap_o[0] = heap_o[size]
-        _sift_down(heap_s, heap_o, 0, size)
-
-
-@numba.njit(cache=True, nogil=True)
-def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, k, n_docs, allowed):
+def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floors, k, n_docs, allowed, acc,
+                      touched):
     n_queries = q_ptr.size - 1
     filtered = allowed.size > 0  # a 0/1 mask over doc ordinals (constraints); empty: every doc may rank
     out_ords = np.zeros((n_queries, k), dtype=np.int32)
     out_fixed = np.zeros((n_queries, k), dtype=np.int64)
     counts = np.zeros(n_queries, dtype=np.int64)
-    heap_s = np.empty(k, dtype=np.int64)
-    heap_o = np.empty(k, dtype=np.int32)
-    acc = np.zeros(n_docs, dtype=np.int64)
-    touched = np.empty(n_docs, dtype=np.int32)
+    cap = 2 * k + 64  # hits gathered before only the k best are kept
+    buf_s = np.empty(cap, dtype=np.int64)
+    buf_o = np.empty(cap, dtype=np.int32)
+    scratch_s = np.empty(cap, dtype=np.int64)
+    scratch_o = np.empty(cap, dtype=np.int32)
     for q in range(n_queries):
         n_postings = 0
         for i in range(q_ptr[q], q_ptr[q + 1]):
             n_postings += indptr[rows[i] + 1] - indptr[rows[i]]
-        size = 0
+        m = 0
         if n_postings * 4 < n_docs:
             # Few postings: remember touched docs so accumulation, selection and reset cost O(postings).
             # Every contribution is >= 1, so a zero sum means "not touched yet".
@@ -477,32 +494,29 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, k, n
                         touched[n_touched] = d
                         n_touched += 1
                     acc[d] += _fixed(impacts[j], w)
+            theta = floors[q]  # a hit needs at least theta
             for t in range(n_touched):
                 d = touched[t]
                 s = acc[d]
                 acc[d] = 0
-                if filtered and allowed[d] == 0:
-                    continue
-                if size < k or s >= heap_s[0]:  # a strictly lower score can never enter a full heap
-                    size = _heap_offer(heap_s, heap_o, size, k, s, d)
+                # Not in ordinal order: a score equal to the k-th best may still win on its ordinal.
+                if s >= theta and (not filtered or allowed[d] != 0):
+                    m, theta = _gather(buf_s, buf_o, m, k, s, d, scratch_s, scratch_o, theta)
         else:
             # Many postings: accumulate, then one scan in ordinal order, where an equal score never beats the
-            # root of a full heap.
+            # k-th best.
             for i in range(q_ptr[q], q_ptr[q + 1]):
                 r = rows[i]
                 w = weight_scale[i]
                 for j in range(indptr[r], indptr[r + 1]):
                     acc[doc_ords[j]] += _fixed(impacts[j], w)
-            threshold = np.int64(0)
+            theta = max(floors[q] - 1, np.int64(0))  # a hit needs more than theta
             for d in range(n_docs):
                 s = acc[d]
-                if s > threshold and (not filtered or allowed[d] != 0):
-                    size = _heap_offer(heap_s, heap_o, size, k, s, d)
-                    if size == k:
-                        threshold = heap_s[0]
+                if s > theta and (not filtered or allowed[d] != 0):
+                    m, theta = _gather(buf_s, buf_o, m, k, s, d, scratch_s, scratch_o, theta)
             acc[:] = 0
-        counts[q] = size
-        _heap_drain(heap_s, heap_o, size, out_fixed[q], out_ords[q])
+        counts[q] = _write_best(buf_s, buf_o, m, k, scratch_s, scratch_o, out_fixed[q], out_ords[q])
     return out_ords, out_fixed, counts
 
 
@@ -530,174 +544,190 @@ def _gallop(values, lo, hi, target):
     return lo
 
 
+# de Bruijn sequence for the index of the lowest set bit of a uint64 (numba has no count-trailing-zeros).
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN_INDEX = np.array([0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 17, 4, 62, 55, 59, 36, 53, 51, 43,
+                            22, 45, 39, 33, 30, 24, 18, 12, 5, 63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44,
+                            32, 23, 11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6], dtype=np.int64)
+
+
 @numba.njit(cache=True, nogil=True)
-def _pruned_top_k(indptr, doc_ords, impacts, block_max, n_docs, q_ptr, rows, weight_scale,
-                  must_ptr, must_rows, exclude_ptr, exclude_rows, skip_ptr, skip_ords, k, block, window):
+def _in_ordinal_order(docs, n, marks, out):
+    """docs[:n] (distinct ordinals) sorted into out, through a bitmap over the shard: O(n + n_docs / 64)."""
+    for i in range(n):
+        d = docs[i]
+        marks[d >> 6] |= np.uint64(1) << np.uint64(d & 63)
+    m = 0
+    for wi in range(marks.size):
+        word = marks[wi]
+        if word == 0:
+            continue
+        marks[wi] = 0
+        while word != 0:
+            low = word & (~word + np.uint64(1))
+            out[m] = wi * 64 + _DEBRUIJN_INDEX[(low * _DEBRUIJN) >> np.uint64(58)]
+            m += 1
+            word ^= low
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_gains(doc_ords, impacts, p, hi, w, docs, nd, gains, block):
+    """gains[c] += the contribution of postings [p, hi) (one term, weight scale w) to docs[c], for docs[:nd]
+    in ordinal order: one walk, stepping over the blocks of `block` postings that end before the next doc."""
+    c = 0
+    while c < nd and p < hi:
+        d = docs[c]
+        if doc_ords[p] < d:
+            end = min((p // block + 1) * block, hi)
+            while end < hi and doc_ords[end - 1] < d:
+                p = end
+                end = min(end + block, hi)
+            p = _gallop(doc_ords, p, end, d)
+            if p >= hi:
+                break
+        if doc_ords[p] == d:
+            gains[c] += _fixed(impacts[p], w)
+            p += 1
+        c += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _estimate_floor(doc_ords, impacts, indptr, rows, weight_scale, order, done, n, acc, touched, n_touched,
+                    allowed, k, seed_k, block, values, docs, gains):
+    """A score k allowed docs are known to reach: the k-th best partial score (partial scores only grow);
+    for k <= seed_k, the k-th of those docs' exact scores (terms order[done:n] merged in), much closer to the
+    final k-th best. 0 when fewer than k allowed docs are touched."""
+    filtered = allowed.size > 0
+    m = 0
+    for t in range(n_touched):
+        d = touched[t]
+        if not filtered or allowed[d] != 0:
+            values[m] = acc[d]
+            m += 1
+    if m < k:
+        return np.int64(0)
+    kth = np.partition(values[:m], m - k)[m - k]
+    if k > seed_k:
+        return kth
+    nd = 0
+    for t in range(n_touched):
+        d = touched[t]
+        if nd < k and acc[d] >= kth and (not filtered or allowed[d] != 0):
+            docs[nd] = d
+            nd += 1
+    docs[:nd].sort()
+    for e in range(done, n):
+        _merge_gains(doc_ords, impacts, indptr[rows[order[e]]], indptr[rows[order[e]] + 1], weight_scale[order[e]],
+                     docs, nd, gains, block)
+    lowest = np.int64(2**62)
+    for c in range(nd):
+        lowest = min(lowest, acc[docs[c]] + gains[c])
+        gains[c] = 0
+    return lowest
+
+
+@numba.njit(cache=True, nogil=True)
+def _pruned_top_k(indptr, doc_ords, impacts, term_max, n_docs, q_ptr, rows, weight_scale, floors, k, allowed,
+                  block, seed_k, merge_ratio, acc, gains, values, spare, touched, cand, cand_ords, spare_o, marks):
     n_queries = q_ptr.size - 1
+    filtered = allowed.size > 0  # a 0/1 mask over doc ordinals (constraints); empty: every doc may rank
     out_ords = np.zeros((n_queries, k), dtype=np.int32)
     out_fixed = np.zeros((n_queries, k), dtype=np.int64)
     counts = np.zeros(n_queries, dtype=np.int64)
     width = 1
     for q in range(n_queries):
-        width = max(width, q_ptr[q + 1] - q_ptr[q], must_ptr[q + 1] - must_ptr[q],
-                    exclude_ptr[q + 1] - exclude_ptr[q])
-    pos = np.empty(width, dtype=np.int64)  # per term: cursor into its postings
-    end = np.empty(width, dtype=np.int64)
-    bound = np.empty(width, dtype=np.int64)  # per term: upper bound of its contribution in this window
-    order = np.empty(width, dtype=np.int64)  # terms present in the window, by bound ascending
-    prefix = np.empty(width, dtype=np.int64)  # prefix[e]: sum of bounds of order[0..e] (non-essential terms)
-    must_pos = np.empty(width, dtype=np.int64)
-    must_end = np.empty(width, dtype=np.int64)
-    excl_pos = np.empty(width, dtype=np.int64)
-    excl_end = np.empty(width, dtype=np.int64)
-    heap_s = np.empty(k, dtype=np.int64)
-    heap_o = np.empty(k, dtype=np.int32)
-    acc = np.zeros(window, dtype=np.int64)
-    cand = np.empty(window, dtype=np.int32)
+        width = max(width, q_ptr[q + 1] - q_ptr[q])
+    bound = np.empty(width, dtype=np.int64)  # per term: weight x its largest impact
+    order = np.empty(width, dtype=np.int64)  # term indexes (into rows), by bound descending
+    rest = np.empty(width + 1, dtype=np.int64)  # rest[i]: sum of the bounds of order[i:]
     for q in range(n_queries):
         t0 = q_ptr[q]
         n = q_ptr[q + 1] - t0
         if n == 0:
             continue
-        for i in range(n):
-            pos[i] = indptr[rows[t0 + i]]
-            end[i] = indptr[rows[t0 + i] + 1]
-        n_must = must_ptr[q + 1] - must_ptr[q]
-        for i in range(n_must):
-            must_pos[i] = indptr[must_rows[must_ptr[q] + i]]
-            must_end[i] = indptr[must_rows[must_ptr[q] + i] + 1]
-        n_excl = exclude_ptr[q + 1] - exclude_ptr[q]
-        for i in range(n_excl):
-            excl_pos[i] = indptr[exclude_rows[exclude_ptr[q] + i]]
-            excl_end[i] = indptr[exclude_rows[exclude_ptr[q] + i] + 1]
-        skip_pos = skip_ptr[q]
-        skip_end = skip_ptr[q + 1]
-        size = 0
-        theta = np.int64(0)  # a new hit must score above theta: 0 until the heap is full, then its root
-        start = 0
-        while start < n_docs:
-            # The window starts at the first doc at or after `start` that some term holds and every must
-            # term may hold.
-            first = n_docs
-            for i in range(n):
-                p = _gallop(doc_ords, pos[i], end[i], start)
-                pos[i] = p
-                if p < end[i] and doc_ords[p] < first:
-                    first = doc_ords[p]
-            if first >= n_docs:
-                break
-            later = first
-            for i in range(n_must):
-                p = _gallop(doc_ords, must_pos[i], must_end[i], first)
-                must_pos[i] = p
-                later = max(later, doc_ords[p] if p < must_end[i] else n_docs)
-            if later > first:
-                start = later
-                continue
-            stop = min(first + window, n_docs)
-            # Per-term bounds over the window: the largest block maximum among the blocks its postings in the
-            # window fall into.
-            m = 0
-            total = np.int64(0)
-            for i in range(n):
-                p = pos[i]
-                if p >= end[i] or doc_ords[p] >= stop:
-                    continue
-                top = block_max[p // block]
-                nxt = (p // block + 1) * block
-                while nxt < end[i] and doc_ords[nxt] < stop:
-                    top = max(top, block_max[nxt // block])
-                    nxt += block
-                bound[i] = _fixed(top, weight_scale[t0 + i])
-                total += bound[i]
-                j = m  # insertion sort by bound ascending (a query has tens of terms)
-                while j > 0 and bound[order[j - 1]] > bound[i]:
-                    order[j] = order[j - 1]
-                    j -= 1
-                order[j] = i
-                m += 1
-            if total <= theta:
-                start = stop
-                continue
-            n_lazy = 0  # non-essential terms: order[0:n_lazy]
-            run = np.int64(0)
-            while n_lazy < m and run + bound[order[n_lazy]] <= theta:
-                run += bound[order[n_lazy]]
-                prefix[n_lazy] = run
-                n_lazy += 1
-            # Essential terms, term at a time, into the window accumulator.
-            n_cand = 0
-            for e in range(n_lazy, m):
-                i = order[e]
-                w = weight_scale[t0 + i]
-                j = pos[i]
-                while j < end[i]:
-                    d = doc_ords[j]
-                    if d >= stop:
-                        break
-                    slot = d - first
-                    if acc[slot] == 0:
-                        cand[n_cand] = slot
-                        n_cand += 1
-                    acc[slot] += _fixed(impacts[j], w)
-                    j += 1
-                pos[i] = j
-            # Candidates in ordinal order, so that a score equal to the root's never beats it.
-            if n_cand * 16 < stop - first:
-                cand[:n_cand].sort()
+        for e in range(n):
+            i = t0 + e
+            bound[e] = _fixed(term_max[rows[i]], weight_scale[i])
+            j = e  # insertion sort, bound descending (a query has tens of terms)
+            while j > 0 and bound[order[j - 1] - t0] < bound[e]:
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = i
+        rest[n] = 0
+        for e in range(n - 1, -1, -1):
+            rest[e] = rest[e + 1] + bound[order[e] - t0]
+        # A hit must score at least `floor`: another shard already holds k hits that good (ties may still win
+        # on doc id), or k docs of this one are known to score that much.
+        floor = max(floors[q], np.int64(1))
+        # Phase A: terms in full, while a doc none of them holds could still reach the floor.
+        n_touched = 0
+        done = 0
+        processed = np.int64(0)
+        estimated_at = np.int64(-1)
+        while done < n and rest[done] >= floor:
+            i = order[done]
+            lo, hi = indptr[rows[i]], indptr[rows[i] + 1]
+            # Before a list longer than what is touched so far, raise the floor (cost O(touched), so at most
+            # the cost of the list it may save; and at most O(log) times per query).
+            if n_touched >= k and hi - lo >= n_touched and processed > 2 * estimated_at:
+                estimated_at = processed
+                floor = max(floor, _estimate_floor(doc_ords, impacts, indptr, rows, weight_scale, order, done, n,
+                                                   acc, touched, n_touched, allowed, k, seed_k, block, values,
+                                                   cand, gains))
+                if rest[done] < floor:
+                    break
+            w = weight_scale[i]
+            for j in range(lo, hi):
+                d = doc_ords[j]
+                if acc[d] == 0:
+                    touched[n_touched] = d
+                    n_touched += 1
+                acc[d] += _fixed(impacts[j], w)
+            processed += hi - lo
+            done += 1
+        # Candidates: touched docs that may still reach the floor.
+        nc = 0
+        for t in range(n_touched):
+            d = touched[t]
+            if acc[d] + rest[done] >= floor and (not filtered or allowed[d] != 0):
+                cand[nc] = d
+                nc += 1
+        # Phase B: each remaining term adds to the candidates: by a merge in ordinal order that steps over blocks
+        # of postings no candidate falls in when the candidates are few for the list, else by one scan of the
+        # list (only docs phase A touched take contributions; the dead among them are harmless). Then the
+        # candidates the terms left cannot lift to the floor are dropped.
+        in_order = False
+        for step in range(done, n):
+            i = order[step]
+            w = weight_scale[i]
+            lo, hi = indptr[rows[i]], indptr[rows[i] + 1]
+            if hi - lo > merge_ratio * nc:
+                if not in_order:
+                    nc = _in_ordinal_order(cand, nc, marks, cand)
+                    in_order = True
+                _merge_gains(doc_ords, impacts, lo, hi, w, cand, nc, gains, block)
+                for c in range(nc):
+                    acc[cand[c]] += gains[c]
+                    gains[c] = 0
             else:
-                n_cand = 0
-                for slot in range(stop - first):
-                    if acc[slot] != 0:
-                        cand[n_cand] = slot
-                        n_cand += 1
-            lazy_total = prefix[n_lazy - 1] if n_lazy > 0 else np.int64(0)
-            for c in range(n_cand):
-                slot = cand[c]
-                s = acc[slot]
-                acc[slot] = 0
-                if s + lazy_total <= theta:
-                    continue
-                d = first + slot
-                ok = True
-                for i in range(n_must):
-                    p = _gallop(doc_ords, must_pos[i], must_end[i], d)
-                    must_pos[i] = p
-                    if p >= must_end[i] or doc_ords[p] != d:
-                        ok = False
-                        break
-                if not ok:
-                    continue
-                for i in range(n_excl):
-                    p = _gallop(doc_ords, excl_pos[i], excl_end[i], d)
-                    excl_pos[i] = p
-                    if p < excl_end[i] and doc_ords[p] == d:
-                        ok = False
-                        break
-                if not ok:
-                    continue
-                if skip_pos < skip_end:
-                    skip_pos = _gallop(skip_ords, skip_pos, skip_end, d)
-                    if skip_pos < skip_end and skip_ords[skip_pos] == d:
-                        continue
-                e = n_lazy - 1
-                while e >= 0:
-                    if s + prefix[e] <= theta:
-                        break
-                    i = order[e]
-                    p = _gallop(doc_ords, pos[i], end[i], d)
-                    pos[i] = p
-                    if p < end[i] and doc_ords[p] == d:
-                        s += _fixed(impacts[p], weight_scale[t0 + i])
-                    e -= 1
-                if e >= 0 or s <= theta:
-                    continue
-                size = _heap_offer(heap_s, heap_o, size, k, s, np.int32(d))
-                if size == k:
-                    theta = heap_s[0]
-            start = stop
-        counts[q] = size
-        _heap_drain(heap_s, heap_o, size, out_fixed[q], out_ords[q])
+                for j in range(lo, hi):
+                    d = doc_ords[j]
+                    if acc[d] != 0:
+                        acc[d] += _fixed(impacts[j], w)
+            kept = 0
+            for c in range(nc):
+                d = cand[c]
+                if acc[d] + rest[step + 1] >= floor:
+                    cand[kept] = d
+                    kept += 1
+            nc = kept
+        for c in range(nc):
+            values[c] = acc[cand[c]]
+            cand_ords[c] = cand[c]
+        counts[q] = _write_best(values, cand_ords, nc, k, spare, spare_o, out_fixed[q], out_ords[q])
+        for t in range(n_touched):
+            acc[touched[t]] = 0
     return out_ords, out_fixed, counts
 
 

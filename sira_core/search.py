@@ -146,18 +146,25 @@ class Searcher:
         k: int = 10,
         exclude_doc_ids: Sequence[Iterable[str]] | None = None,
         constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
-        exhaustive: bool = False,
+        scorer: str = "auto",
     ) -> list[Ranking]:
         """Rank a batch of queries (texts, query parts or compiled queries); each shard scores the batch in
         one compiled call. `constraints[i]` = (must terms, exclude terms): index terms a hit must / must not
-        hold. `exclude_doc_ids[i]`: doc ids query i never returns (the k hits are filled without them)."""
+        hold. `exclude_doc_ids[i]`: doc ids query i never returns (the k hits are filled without them).
+        `scorer`: "auto", "pruned" or "exhaustive" (sira_core.bm25), all with the same results."""
         compiled = [self.compile(q) for q in queries]
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints] \
             if constraints is not None else None
         per_shard = []
+        floors = None
         for shard in self.shards:
             skip = [shard.ords_of(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else None
-            per_shard.append(shard.top_k_many(compiled, k, ids, skip, exhaustive))
+            per_shard.append(shard.top_k_many(compiled, k, ids, skip, scorer, floors))
+            # The k-th best score so far: a later shard need not return hits below it (ties still may win on
+            # doc id), which lets it prune from its first posting.
+            so_far = np.concatenate([scores for _, scores, _ in per_shard], axis=1)
+            if so_far.shape[1] >= k:
+                floors = -np.partition(-so_far, k - 1, axis=1)[:, k - 1]
         if len(per_shard) == 1:
             merged = (np.zeros_like(per_shard[0][0], dtype=np.int64), *per_shard[0])
         else:

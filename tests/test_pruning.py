@@ -1,6 +1,6 @@
-"""Pruned top-k (windowed MaxScore with block-max bounds) returns exactly what exhaustive scoring returns:
-the same doc ordinals, the same scores bit for bit, the same order among ties, with weighted parts, must and
-exclude terms, skipped documents, one shard or several."""
+"""Pruned top-k (two-phase MaxScore) returns exactly what exhaustive scoring returns: the same doc ordinals,
+the same scores bit for bit, the same order among ties, with weighted parts, must and exclude terms, skipped
+documents, floors from other shards, one shard or several."""
 
 import numpy as np
 import pytest
@@ -15,8 +15,9 @@ from sira_core.search import QueryPart
 PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stemmer="none", max_n=1),
                     bm25=BM25Params(k1=1.2, b=0.75))
 
-# Production geometry, and a tiny one whose blocks and windows cut every list many times.
-GEOMETRIES = [(bm25.BLOCK_SIZE, bm25.WINDOW_DOCS), (4, 16)]
+# Production settings, and blocks of 2 postings (every merge skips) with no exactly scored seed documents
+# (every floor comes from partial scores).
+SETTINGS = [(bm25.SKIP_BLOCK, bm25.SEED_K), (2, 0)]
 
 
 def synthetic_shard(n_docs: int, vocab: int, kind: str, seed: int) -> ShardIndex:
@@ -72,18 +73,18 @@ def reference_top_k(shard: ShardIndex, query: WeightedQuery, k: int, must=(), ex
     return top.astype(np.int32), acc[top] * 2.0**-bm25.FIXED_POINT_BITS
 
 
-@pytest.mark.parametrize("block, window", GEOMETRIES)
+@pytest.mark.parametrize("block, seed_k", SETTINGS)
 @pytest.mark.parametrize("kind", ["zipf", "uniform", "flat"])
-def test_pruned_equals_exhaustive_and_reference(monkeypatch, block, window, kind):
-    monkeypatch.setattr(bm25, "BLOCK_SIZE", block)
-    monkeypatch.setattr(bm25, "WINDOW_DOCS", window)
+def test_pruned_equals_exhaustive_and_reference(monkeypatch, block, seed_k, kind):
+    monkeypatch.setattr(bm25, "SKIP_BLOCK", block)
+    monkeypatch.setattr(bm25, "SEED_K", seed_k)
     vocab = 300
     shard = synthetic_shard(6000, vocab, kind, seed=block)
-    rng = np.random.default_rng(window)
+    rng = np.random.default_rng(seed_k)
     queries = [random_query(rng, vocab, kind != "uniform") for _ in range(40)]
     for k in (1, 10, 100, 1000):
-        pruned = shard.top_k_many(queries, k)
-        exhaustive = shard.top_k_many(queries, k, exhaustive=True)
+        pruned = shard.top_k_many(queries, k, scorer="pruned")
+        exhaustive = shard.top_k_many(queries, k, scorer="exhaustive")
         for i, q in enumerate(queries):
             ref_ords, ref_scores = reference_top_k(shard, q, k)
             for ords, scores, counts in (pruned, exhaustive):
@@ -91,10 +92,10 @@ def test_pruned_equals_exhaustive_and_reference(monkeypatch, block, window, kind
                 assert scores[i, : counts[i]].tolist() == ref_scores.tolist(), (k, i)
 
 
-@pytest.mark.parametrize("block, window", GEOMETRIES)
-def test_must_exclude_and_skipped_docs_are_exact_filters(monkeypatch, block, window):
-    monkeypatch.setattr(bm25, "BLOCK_SIZE", block)
-    monkeypatch.setattr(bm25, "WINDOW_DOCS", window)
+@pytest.mark.parametrize("block, seed_k", SETTINGS)
+def test_must_exclude_and_skipped_docs_are_exact_filters(monkeypatch, block, seed_k):
+    monkeypatch.setattr(bm25, "SKIP_BLOCK", block)
+    monkeypatch.setattr(bm25, "SEED_K", seed_k)
     vocab = 200
     shard = synthetic_shard(5000, vocab, "zipf", seed=3)
     rng = np.random.default_rng(4)
@@ -110,8 +111,8 @@ def test_must_exclude_and_skipped_docs_are_exact_filters(monkeypatch, block, win
         constraints.append((must, exclude))
         skips.append(np.sort(rng.choice(shard.num_docs, int(rng.integers(0, 50)), replace=False)).astype(np.int32))
     for k in (1, 10, 1000):
-        pruned = shard.top_k_many(queries, k, constraints, skips)
-        exhaustive = shard.top_k_many(queries, k, constraints, skips, exhaustive=True)
+        pruned = shard.top_k_many(queries, k, constraints, skips, scorer="pruned")
+        exhaustive = shard.top_k_many(queries, k, constraints, skips, scorer="exhaustive")
         for i, (q, (must, exclude), skip) in enumerate(zip(queries, constraints, skips)):
             ref_ords, ref_scores = reference_top_k(shard, q, k, must, exclude, skip)
             for ords, scores, counts in (pruned, exhaustive):
@@ -132,7 +133,7 @@ def zipf_text_corpus(n_docs: int, vocab: int, seed: int, duplicates: int = 0):
 
 @pytest.mark.parametrize("num_shards", [1, 3, 8])
 def test_sharded_pruned_search_equals_one_exhaustive_shard(monkeypatch, num_shards):
-    monkeypatch.setattr(bm25, "WINDOW_DOCS", 64)
+    monkeypatch.setattr(bm25, "SKIP_BLOCK", 4)
     docs = zipf_text_corpus(3000, 150, seed=num_shards, duplicates=40)
     one = build_searcher(docs, PLAIN, num_shards=1)
     many = build_searcher(docs, PLAIN, num_shards=num_shards)
@@ -147,11 +148,11 @@ def test_sharded_pruned_search_equals_one_exhaustive_shard(monkeypatch, num_shar
                             [f"w{rng.integers(0, 20)}"] if rng.random() < 0.3 else []))
         excluded.append([f"doc{i:05d}" for i in rng.integers(0, 3000, 3)] + ["dup00001"])
     for k in (1, 10, 100, 3100):
-        expected = one.rank_many(queries, k, excluded, constraints, exhaustive=True)
-        got = many.rank_many(queries, k, excluded, constraints)
-        for e, g in zip(expected, got):
-            assert g.doc_ids.to_pylist() == e.doc_ids.to_pylist()
-            assert g.scores.tolist() == e.scores.tolist()
+        expected = one.rank_many(queries, k, excluded, constraints, scorer="exhaustive")
+        for scorer in ("pruned", "auto", "exhaustive"):  # the last two with other shards' floors
+            for e, g in zip(expected, many.rank_many(queries, k, excluded, constraints, scorer)):
+                assert g.doc_ids.to_pylist() == e.doc_ids.to_pylist()
+                assert g.scores.tolist() == e.scores.tolist()
 
 
 def test_scores_too_large_for_exact_sums_are_refused():
@@ -161,18 +162,31 @@ def test_scores_too_large_for_exact_sums_are_refused():
         shard.top_k(query, 10)
 
 
-def test_a_hit_one_fixed_point_unit_above_the_kth_best_is_found(monkeypatch):
-    # Impacts of a few units of 2^-32 make contributions exact small integers and one posting per block makes
-    # bounds equal contributions: a bound off by one unit, or compared with `<=` where `<` belongs, loses doc 40.
-    monkeypatch.setattr(bm25, "BLOCK_SIZE", 1)
-    monkeypatch.setattr(bm25, "WINDOW_DOCS", 16)
+def unit_shard():
+    """Impacts of a few units of 2^-32, so contributions are exact small integers and bounds equal scores.
+    Term 1: doc 0 (10 units), doc 40 (3). Term 2: doc 20 (7), doc 40 (7). Scores: doc 0 and doc 40 10, doc 20 7."""
     unit = 2.0**-bm25.FIXED_POINT_BITS
-    # term 1: docs 0 (10 units) and 40 (4); term 2: docs 20 (5) and 40 (7): doc 40 scores 11, one above doc 0.
     shard = ShardIndex(0, [f"d{i:03d}" for i in range(64)], np.ones(64), np.array([1, 2]), np.array([0, 2, 4]),
-                       np.array([0, 40, 20, 40]), np.array([10, 4, 5, 7], dtype=np.float32) * np.float32(unit))
-    query = WeightedQuery(("a", "b"), np.array([1, 2]), np.ones(2, dtype=np.float32))
-    for exhaustive in (False, True):
-        ords, scores = shard.top_k(query, 1, exhaustive=exhaustive)
-        assert ords.tolist() == [40] and scores.tolist() == [11 * unit]
-        ords, scores = shard.top_k(query, 2, exhaustive=exhaustive)
-        assert ords.tolist() == [40, 0] and scores.tolist() == [11 * unit, 10 * unit]
+                       np.array([0, 40, 20, 40]), np.array([10, 3, 7, 7], dtype=np.float32) * np.float32(unit))
+    return shard, WeightedQuery(("a", "b"), np.array([1, 2]), np.ones(2, dtype=np.float32)), unit
+
+
+def test_a_candidate_that_can_just_reach_the_floor_is_kept():
+    # After term 1, doc 0 scores 10 exactly: the floor is 10. Doc 40 holds 3 and term 2 can add at most 7:
+    # 3 + 7 == 10 may still tie doc 0 (and a tie is ranked by ordinal), so it must stay a candidate.
+    shard, query, unit = unit_shard()
+    for scorer in ("pruned", "exhaustive"):
+        ords, scores = shard.top_k(query, 2, scorer=scorer)
+        assert ords.tolist() == [0, 40] and scores.tolist() == [10 * unit, 10 * unit]
+
+
+def test_a_doc_scoring_exactly_the_floor_of_other_shards_is_returned():
+    # Another shard holds k hits scoring 7 units: a doc of this shard scoring 7 may still win on its doc id.
+    # Doc 20 is in term 2 only, whose bound (7) equals the floor, so term 2 must be scored in full.
+    shard, query, unit = unit_shard()
+    for scorer in ("pruned", "exhaustive"):
+        ords, scores, counts = shard.top_k_many([query], 3, scorer=scorer, floors=np.array([7 * unit]))
+        assert ords[0, : counts[0]].tolist() == [0, 40, 20]
+        assert scores[0, : counts[0]].tolist() == [10 * unit, 10 * unit, 7 * unit]
+        ords, scores, counts = shard.top_k_many([query], 3, scorer=scorer, floors=np.array([8 * unit]))
+        assert ords[0, : counts[0]].tolist() == [0, 40]  # below another shard's k-th best: not needed
