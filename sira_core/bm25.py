@@ -454,12 +454,17 @@ def _gather(buf_s, buf_o, m, k, s, d, scratch_s, scratch_o, theta):
 def _write_best(buf_s, buf_o, m, k, scratch_s, scratch_o, out_s, out_o):
     """The k best of buf[:m] into out, best first; returns how many."""
     n = _keep_best(buf_s, buf_o, m, k, scratch_s, scratch_o)
-    by_ord = np.argsort(buf_o[:n], kind="mergesort")
-    by_score = np.argsort(-buf_s[:n][by_ord], kind="mergesort")  # stable: ordinal asc among equal scores
+    by_score = np.argsort(-buf_s[:n])
     for i in range(n):
-        j = by_ord[by_score[i]]
-        out_s[i] = buf_s[j]
-        out_o[i] = buf_o[j]
+        out_s[i] = buf_s[by_score[i]]
+        out_o[i] = buf_o[by_score[i]]
+    # Equal scores come out of the sort in any order: each run of them is put in ordinal order.
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or out_s[i] != out_s[start]:
+            if i - start > 1:
+                out_o[start:i].sort()
+            start = i
     return n
 
 
@@ -513,9 +518,9 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
             theta = max(floors[q] - 1, np.int64(0))  # a hit needs more than theta
             for d in range(n_docs):
                 s = acc[d]
+                acc[d] = 0
                 if s > theta and (not filtered or allowed[d] != 0):
                     m, theta = _gather(buf_s, buf_o, m, k, s, d, scratch_s, scratch_o, theta)
-            acc[:] = 0
         counts[q] = _write_best(buf_s, buf_o, m, k, scratch_s, scratch_o, out_fixed[q], out_ords[q])
     return out_ords, out_fixed, counts
 
