@@ -9,7 +9,7 @@ object-store warehouse):
 
     <root>/<warehouse key>/v<index version>-<manifest fingerprint>/shard-<s>.f<FORMAT_VERSION>/
         doc_id_offsets.npy doc_id_data.npy doc_lens.npy term_ids.npy indptr.npy doc_ords.npy impacts.npy
-        block_max.npy  (ShardIndex.arrays(): plain .npy, readable by any numpy)
+        term_max.npy  (ShardIndex.arrays(): plain .npy, readable by any numpy)
         complete.json  (format version, fingerprint, every file's size and CRC32; written last)
 
 The warehouse key hashes the warehouse URI; the fingerprint hashes the whole manifest row (corpus_stats), so
