@@ -450,6 +450,7 @@ def measure_searcher(num_docs: int, seed: int = SEED, preset: str = "sira", num_
     work_dir = Path(work_dir or Path.home() / ".cache" / "sira" / "bench")
     folder = corpus_folder(work_dir, num_docs, seed, preset)
     started = time.perf_counter()
+    machine = machine_info()  # its load average now, before the runs
     analyse_corpus(folder, num_docs, seed, preset)
     meta = json.loads((folder / "complete.json").read_text())
     args = (folder, work_dir, num_shards, preset, ks, repeats, min_seconds)
@@ -495,7 +496,7 @@ def measure_searcher(num_docs: int, seed: int = SEED, preset: str = "sira", num_
         "k1000_ratio_vs_bm25s_numba": min(speed[f"{kind}_k1000"]["ratio_vs_bm25s_numba"] for kind in KINDS),
         "memory_ratio_vs_bm25s": per_posting["bm25s_numba"] / per_posting["sira"],
         "wall_seconds": time.perf_counter() - started,
-        "machine": {**machine_info(), "load_average_at_end": os.getloadavg()},
+        "machine": {**machine, "load_average_at_end": os.getloadavg()},
     }
 
 

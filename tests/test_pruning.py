@@ -10,7 +10,7 @@ from sira_core.analysis import AnalyzerConfig
 from sira_core.bm25 import CorpusStats, ShardIndex, WeightedQuery
 from sira_core.memory_index import build_searcher
 from sira_core.presets import BM25Params, IndexPreset
-from sira_core.search import QueryPart
+from sira_core.search import QueryPart, merge_ranked
 
 PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stemmer="none", max_n=1),
                     bm25=BM25Params(k1=1.2, b=0.75))
@@ -190,3 +190,16 @@ def test_a_doc_scoring_exactly_the_floor_of_other_shards_is_returned():
         assert scores[0, : counts[0]].tolist() == [10 * unit, 10 * unit, 7 * unit]
         ords, scores, counts = shard.top_k_many([query], 3, scorer=scorer, floors=np.array([8 * unit]))
         assert ords[0, : counts[0]].tolist() == [0, 40]  # below another shard's k-th best: not needed
+
+
+def test_merge_ranked_breaks_cross_shard_ties_by_doc_id():
+    # The Ray actors' path: per-shard (doc ids, scores), each sorted by (score desc, doc id asc).
+    doc_ids, scores = merge_ranked([(["b", "d", "f"], np.array([3.0, 2.0, 2.0])),
+                                    (["a", "c", "e"], np.array([2.0, 2.0, 1.0]))], 4)
+    assert doc_ids.to_pylist() == ["b", "a", "c", "d"] and scores.tolist() == [3.0, 2.0, 2.0, 2.0]
+
+
+def test_doc_ids_out_of_order_are_refused():
+    with pytest.raises(ValueError, match="sorted"):
+        ShardIndex(0, ["b", "a"], np.ones(2), np.array([1]), np.array([0, 2]), np.array([0, 1]),
+                   np.ones(2, dtype=np.float32))
