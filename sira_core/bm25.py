@@ -28,10 +28,10 @@ the first terms are in (k <= SEED_K), or from the k-th best partial score of rec
 applied before any document counts towards the floor.
 
 Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound and k is small. Measured
-on 1M synthetic documents (bench/searcher_scale.py): plain queries (~15 terms) at k=10 run 1.25x faster
-pruned than exhaustive; queries with 54 pseudo-relevance-feedback expansion terms of similar bounds, or k in
-the hundreds, run 0.3-0.7x as fast, because no early switch to phase B is possible and the candidates are
-too dense to step over postings. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= SEED_K
+on 1M synthetic documents (bench/results/searcher_scale_1m.json): plain queries (17 terms) at k=10 run 1.09x
+as fast pruned as exhaustive; queries with 30-60 pseudo-relevance-feedback expansion terms of similar bounds,
+or k in the hundreds, 0.3-0.8x, because no early switch to phase B is possible and the candidates are too
+dense to step over postings. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= SEED_K
 and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests compare them). Both use
 the floors of other shards when selecting.
 """
@@ -286,8 +286,7 @@ class ShardIndex:
         keep = rows >= 0
         q_ptr = _kept_ptr(term_ptr, keep)
         rows, weights = rows[keep], all_weights[keep].astype(np.float64)
-        heaviest = np.zeros(len(queries))
-        np.add.at(heaviest, query_of_term[keep], weights)
+        heaviest = np.bincount(query_of_term[keep], weights=weights, minlength=len(queries))
         if np.any(heaviest * self.max_impact >= MAX_SCORE / 2):
             raise ValueError(f"query weights too large: scores would exceed {MAX_SCORE / 2:g}")
         weight_scale = weights * _FIXED_SCALE
