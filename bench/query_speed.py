@@ -105,7 +105,8 @@ def build_sira_searcher(doc_ids: list[str], docs_terms: list[list[str]], analyze
 
 
 def sira_index_nbytes(shard) -> int:
-    return sum(a.nbytes for a in (shard.doc_lens, shard.term_ids, shard.indptr, shard.doc_ords, shard.impacts))
+    return sum(a.nbytes for a in (shard.doc_lens, shard.term_ids, shard.indptr, shard.doc_ords, shard.impacts,
+                                  shard.block_max))
 
 
 def build_bm25s(docs_terms: list[list[str]], k1: float, b: float, backend: str):
@@ -183,7 +184,7 @@ def time_sira(searcher, queries_terms, query_texts, ks, repeats, min_seconds) ->
     for k in ks:
         # Like bm25s-numba's retrieve: the whole query batch in one compiled call.
         seconds, passes = best_time(lambda: shard.top_k_many(compiled, k), repeats, min_seconds)
-        e2e_seconds, e2e_passes = best_time(lambda: searcher.search_many(query_texts, k), repeats, min_seconds)
+        e2e_seconds, e2e_passes = best_time(lambda: searcher.rank_many(query_texts, k), repeats, min_seconds)
         timings[f"k{k}"] = {
             "seconds_per_pass": seconds, "passes": passes, "qps": len(compiled) / seconds,
             "e2e_seconds_per_pass": e2e_seconds, "e2e_passes": e2e_passes, "e2e_qps": len(compiled) / e2e_seconds,
@@ -355,7 +356,7 @@ def print_tables(report: dict, ks) -> None:
         from rich.table import Table
     except ImportError:
         Console = Table = None
-    speed_cols = ["dataset", "k", "ours top_k q/s", "ours search() q/s", "bm25s numpy q/s", "bm25s numba q/s",
+    speed_cols = ["dataset", "k", "ours top_k q/s", "ours rank_many() q/s", "bm25s numpy q/s", "bm25s numba q/s",
                   "ours/numpy", "ours/numba"]
     speed_rows = []
     for name, d in report["datasets"].items():
@@ -409,7 +410,7 @@ def run_benchmark(args) -> dict:
             "preset": args.preset, "k1": preset.bm25.k1, "b": preset.bm25.b, "split": args.split,
             "ks": list(args.ks), "repeats": args.repeats, "min_seconds_per_repetition": args.min_seconds,
             "timing": "best of `repeats` repetitions; a repetition loops the whole query set `passes` times",
-            "sira": "ShardIndex.top_k_many over pre-compiled WeightedQuery batch (no analysis); e2e = Searcher.search_many(texts)",
+            "sira": "ShardIndex.top_k_many over pre-compiled WeightedQuery batch (no analysis); e2e = Searcher.rank_many(texts)",
             "bm25s": "BM25(method='lucene').retrieve(list of vocab-id lists) in one call; numba n_threads=1",
             "query_term_frequency": "both engines count a repeated query term once per occurrence",
             "arguana": "no self-exclusion of the query's own doc id (sira eval does exclude it)",

@@ -184,9 +184,9 @@ def run(cfg: EvalConfig) -> dict:
         for start in range(0, len(qids), QUERY_BATCH):
             batch = qids[start : start + QUERY_BATCH]
             exclude = [(q,) if dataset.queries_are_documents else () for q in batch]
-            ranked = searcher.search_many([programs[q].parts() for q in batch], k=cfg.depth, exclude_doc_ids=exclude)
-            for qid, hits in zip(batch, ranked):
-                run_hits[qid] = {h.doc_id: h.score for h in hits}
+            ranked = searcher.rank_many([programs[q].parts() for q in batch], k=cfg.depth, exclude_doc_ids=exclude)
+            for qid, ranking in zip(batch, ranked):
+                run_hits[qid] = dict(zip(ranking.doc_ids.to_pylist(), ranking.scores.tolist()))
             advance(len(batch))
     rerank_summary = None
     if cfg.rerank is not None:

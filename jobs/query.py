@@ -142,7 +142,7 @@ def _commit_runs(uri, run_id, qids, texts, programs, ranked, index_version) -> N
     now = datetime.now(timezone.utc)
     rows = pa.Table.from_pylist([
         {"run_id": run_id, "qid": q, "query": texts[q], "program": p.model_dump_json(),
-         "doc_ids": [d for d, _ in hits], "scores": [s for _, s in hits], "index_version": index_version,
+         "doc_ids": doc_ids.to_pylist(), "scores": scores.tolist(), "index_version": index_version,
          "created_at": now}
-        for q, p, hits in zip(qids, programs, ranked)], schema=tables.RUNS_SCHEMA)
+        for q, p, (doc_ids, scores) in zip(qids, programs, ranked)], schema=tables.RUNS_SCHEMA)
     merge_rows(uri, rows, tables.RUNS_KEY)

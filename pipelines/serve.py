@@ -237,10 +237,10 @@ class SearchService:
         compiled = compile_query(program.parts())
         constraints = [(program.must, program.exclude)]
         per_shard = await asyncio.gather(*(a.top_k.remote([compiled], req.k, constraints) for a in index.actors))
-        hits = merge_ranked([ranked[0] for ranked in per_shard], req.k)
+        doc_ids, scores = merge_ranked([ranked[0] for ranked in per_shard], req.k)
         scored = time.perf_counter()
         out = {
-            "hits": [{"doc_id": doc_id, "score": score} for doc_id, score in hits],
+            "hits": [{"doc_id": d, "score": s} for d, s in zip(doc_ids.to_pylist(), scores.tolist())],
             "program": program.model_dump(),
             "index_version": index.manifest["index_version"],
             "timing_ms": {"expansion": (expanded - started) * 1000, "scoring": (scored - expanded) * 1000},

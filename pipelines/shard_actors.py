@@ -1,12 +1,15 @@
 """Shards held by Ray actors and queried scatter-gather: each actor scores a batch of compiled queries on
-its shard; the caller merges the per-shard top-k (sira_core.search.merge_ranked)."""
+its shard (memory-mapped from the local shard cache, so actors of one machine share its pages); the caller
+merges the per-shard top-k columns (sira_core.search.merge_ranked)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import pyarrow as pa
 import ray
 
+from pipelines.shard_cache import cached_shard
 from pipelines.shard_loader import load_shard
 from sira_core.bm25 import WeightedQuery
 from sira_core.hashing import term_id
@@ -15,17 +18,19 @@ from sira_core.hashing import term_id
 @ray.remote(num_cpus=0.25)  # fractional: on small machines whole-CPU actors starve everything else
 class ShardActor:
     def __init__(self, warehouse: str, manifest: dict, shard: int):
-        self.shard = load_shard(warehouse, manifest, shard)
+        self.shard = cached_shard(warehouse, manifest, shard, load_shard)
 
     def num_docs(self) -> int:
         return self.shard.num_docs
 
     def top_k(self, queries: Sequence[WeightedQuery], k: int,
               constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None):
-        """[(doc_ids, scores)] per query, best first; constraints[i] = (must terms, exclude terms)."""
+        """[(doc ids (Arrow), scores (float64))] per query, best first; constraints[i] = (must terms, exclude
+        terms)."""
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints or ()]
-        return [(self.shard.doc_ids[ords].tolist(), scores.tolist())
-                for ords, scores in self.shard.top_k_constrained(queries, k, ids or None)]
+        ords, scores, counts = self.shard.top_k_many(queries, k, ids or None)
+        return [(self.shard.doc_ids.take(pa.array(ords[i, : counts[i]])), scores[i, : counts[i]])
+                for i in range(len(queries))]
 
 
 def start_shard_actors(warehouse: str, manifest: dict) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.delta_io import read_table, table_exists
+from pipelines.shard_cache import cached_shard
 from sira_core import tables
 from sira_core.analysis import Analyzer, AnalyzerConfig
 from sira_core.bm25 import CorpusStats, ShardIndex
@@ -93,7 +95,7 @@ def load_shard(warehouse: str, manifest: dict, shard: int, dfs: DFTable | None =
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
     return ShardIndex.from_postings(
         shard=shard,
-        doc_ids=np.asarray(doc_ids.to_pylist(), dtype=object),
+        doc_ids=doc_ids,
         doc_lens=docs.column("doc_len").to_numpy()[live_rows],
         term_ids=term_ids,
         dfs=dfs.of_ids(term_ids, f"index v{v} shard {shard}"),
@@ -113,11 +115,13 @@ def load_searcher(
     warehouse: str, index_version: int | None = None, preset: str | None = None, shards: Sequence[int] | None = None,
     enriched: bool | None = None,
 ) -> tuple[Searcher, dict]:
-    """A searcher over all (or some) shards of one published index version, and its manifest row."""
+    """A searcher over all (or some) shards of one published index version, and its manifest row. Shards
+    are memory-mapped from the local cache, which is written from Delta on first use (pipelines.shard_cache)."""
     manifest = find_index(warehouse, index_version, preset, enriched)
     wanted = range(manifest["num_shards"]) if shards is None else shards
-    dfs = load_df_table(warehouse, manifest)
-    loaded = [load_shard(warehouse, manifest, s, dfs) for s in wanted]
+    dfs = lru_cache(maxsize=1)(lambda: load_df_table(warehouse, manifest))  # read once, and only on a cache miss
+    loaded = [cached_shard(warehouse, manifest, s, lambda w, m, shard: load_shard(w, m, shard, dfs()))
+              for s in wanted]
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
     analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
     return Searcher(loaded, stats, analyzer), manifest

@@ -1,23 +1,26 @@
-"""The searcher: weighted query parts -> one BM25 call over all shards -> merged top-k.
+"""The searcher: weighted query parts -> one BM25 call over all shards -> merged top-k, as columns.
 
     score(d) = sum over parts p of  weight_p * BM25(terms_p, d)
 
 Each part's terms keep their query term frequency (a term said twice counts twice), so
 `[QueryPart(original, 1.0), QueryPart(expansion, w)]` is `BM25(q_orig, d) + w * BM25(q_exp, d)`.
+
+Results are columns end to end (`Ranking`: scores, shard, doc ordinal; doc ids read from the shards' Arrow
+arrays only when asked for); `Hit` objects are made only for hits that are printed or explained.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from sira_core.analysis import Analyzer
-from sira_core.bm25 import SCORE_DTYPE, CorpusStats, ShardIndex, WeightedQuery
+from sira_core.bm25 import (IMPACT_DTYPE, CorpusStats, ShardIndex, WeightedQuery, as_doc_id_array, doc_id_buffers,
+                             merge_top_k)
 from sira_core.hashing import term_id
 
 
@@ -51,8 +54,68 @@ def compile_query(parts: Sequence[QueryPart]) -> WeightedQuery:
     return WeightedQuery(
         terms=terms,
         term_ids=np.array([term_id(t) for t in terms], dtype=np.int64),
-        weights=np.array([weights[t] for t in terms], dtype=SCORE_DTYPE),
+        weights=np.array([weights[t] for t in terms], dtype=IMPACT_DTYPE),
     )
+
+
+Query = str | Sequence[QueryPart] | WeightedQuery
+
+
+class Ranking:
+    """One query's hits, best first, as columns: `scores` (float64), `shard_pos` (index of the hit's shard in
+    the searcher) and `ords` (its doc ordinal there)."""
+
+    def __init__(self, scores: np.ndarray, shard_pos: np.ndarray, ords: np.ndarray, shards: Sequence[ShardIndex]):
+        self.scores = scores
+        self.shard_pos = shard_pos
+        self.ords = ords
+        self._shards = shards
+        self._doc_ids: pa.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def doc_ids(self) -> pa.Array:
+        """Doc ids of the hits (an Arrow string array; .to_pylist() for Python strings)."""
+        if self._doc_ids is None:
+            self._doc_ids = _take([s.doc_ids for s in self._shards], self.shard_pos, self.ords)
+        return self._doc_ids
+
+    def hits(self, explain: WeightedQuery | None = None) -> list[Hit]:
+        """One Hit per result, for printing; with `explain`, each hit's per-term contributions to that query."""
+        return [Hit(doc_id, score, self._shards[pos].shard, ord_,
+                    self._shards[pos].contributions(ord_, explain) if explain is not None else None)
+                for doc_id, score, pos, ord_ in zip(self.doc_ids.to_pylist(), self.scores.tolist(),
+                                                    self.shard_pos.tolist(), self.ords.tolist())]
+
+
+def _take(arrays: Sequence[pa.Array], which: np.ndarray, positions: np.ndarray) -> pa.Array:
+    """arrays[which[i]][positions[i]] for every i, in that order: one Arrow take per array."""
+    if len(arrays) == 1:
+        return arrays[0].take(pa.array(positions))
+    parts, where = [], []
+    for i in np.unique(which):
+        sel = np.flatnonzero(which == i)
+        parts.append(arrays[i].take(pa.array(positions[sel])))
+        where.append(sel)
+    if not parts:
+        return pa.array([], type=pa.large_string())
+    back = np.empty(len(positions), dtype=np.int64)
+    back[np.concatenate(where)] = np.arange(len(positions))
+    return pa.concat_arrays(parts).take(pa.array(back))
+
+
+def merge_ranked(ranked_lists: Sequence[tuple[pa.Array, np.ndarray]], k: int) -> tuple[pa.Array, np.ndarray]:
+    """Merge per-shard rankings (doc ids, scores; each sorted by score desc, doc id asc) into the global
+    top-k (doc ids, scores), exactly as one shard holding every document would rank them."""
+    ids = [as_doc_id_array(doc_ids) for doc_ids, _ in ranked_lists]
+    shard, ords, scores, counts = merge_top_k(
+        [np.asarray(s, dtype=np.float64).reshape(1, -1) for _, s in ranked_lists],
+        [np.arange(len(i), dtype=np.int32).reshape(1, -1) for i in ids],
+        [np.array([len(i)]) for i in ids], [doc_id_buffers(i) for i in ids], k)
+    n = counts[0]
+    return _take(ids, shard[0, :n], ords[0, :n]), scores[0, :n]
 
 
 class Searcher:
@@ -72,69 +135,69 @@ class Searcher:
     def parts_for_text(self, text: str, weight: float = 1.0, name: str = "original") -> QueryPart:
         return QueryPart(tuple(self.analyzer.terms(text)), weight, name)
 
+    def compile(self, query: Query) -> WeightedQuery:
+        if isinstance(query, WeightedQuery):
+            return query
+        return compile_query([self.parts_for_text(query)] if isinstance(query, str) else list(query))
+
+    def rank_many(
+        self,
+        queries: Sequence[Query],
+        k: int = 10,
+        exclude_doc_ids: Sequence[Iterable[str]] | None = None,
+        constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
+        scorer: str = "auto",
+    ) -> list[Ranking]:
+        """Rank a batch of queries (texts, query parts or compiled queries); each shard scores the batch in
+        one compiled call. `constraints[i]` = (must terms, exclude terms): index terms a hit must / must not
+        hold. `exclude_doc_ids[i]`: doc ids query i never returns (the k hits are filled without them).
+        `scorer`: "auto", "pruned" or "exhaustive" (sira_core.bm25), all with the same results."""
+        compiled = [self.compile(q) for q in queries]
+        ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints] \
+            if constraints is not None else None
+        per_shard = []
+        floors = None
+        for shard in self.shards:
+            skip = [shard.ords_of(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else None
+            per_shard.append(shard.top_k_many(compiled, k, ids, skip, scorer, floors))
+            # The k-th best score so far: a later shard need not return hits below it (ties still may win on
+            # doc id), which lets it prune from its first posting.
+            so_far = np.concatenate([scores for _, scores, _ in per_shard], axis=1)
+            if so_far.shape[1] >= k:
+                floors = -np.partition(-so_far, k - 1, axis=1)[:, k - 1]
+        if len(per_shard) == 1:
+            merged = (np.zeros_like(per_shard[0][0], dtype=np.int64), *per_shard[0])
+        else:
+            merged = merge_top_k([s for _, s, _ in per_shard], [o for o, _, _ in per_shard],
+                                 [c for _, _, c in per_shard],
+                                 [(shard.doc_id_offsets, shard.doc_id_data) for shard in self.shards], k)
+        shard_pos, ords, scores, counts = merged
+        return [Ranking(scores[q, : counts[q]], shard_pos[q, : counts[q]], ords[q, : counts[q]], self.shards)
+                for q in range(len(compiled))]
+
+    def rank(self, query: Query, k: int = 10, exclude_doc_ids: Iterable[str] = (), must_terms: Sequence[str] = (),
+             exclude_terms: Sequence[str] = ()) -> Ranking:
+        return self.rank_many([query], k, [exclude_doc_ids], [(must_terms, exclude_terms)])[0]
+
     def search(
         self,
-        query: str | Sequence[QueryPart],
+        query: Query,
         k: int = 10,
         exclude_doc_ids: Iterable[str] = (),
         explain: bool = False,
         must_terms: Sequence[str] = (),
         exclude_terms: Sequence[str] = (),
     ) -> list[Hit]:
-        return self.search_many([query], k, [exclude_doc_ids], explain, [(must_terms, exclude_terms)])[0]
+        """The hits of one query as objects (for printing); `explain` adds per-term contributions."""
+        compiled = self.compile(query)
+        ranking = self.rank(compiled, k, exclude_doc_ids, must_terms, exclude_terms)
+        return ranking.hits(compiled if explain else None)
 
     def run_program(self, program, k: int = 10, exclude_doc_ids: Iterable[str] = (), explain: bool = False) -> list[Hit]:
         """One call of the searcher for a RetrievalProgram (sira_core.program)."""
         return self.search(program.parts(), k, exclude_doc_ids, explain, program.must, program.exclude)
 
-    def search_many(
-        self,
-        queries: Sequence[str | Sequence[QueryPart]],
-        k: int = 10,
-        exclude_doc_ids: Sequence[Iterable[str]] | None = None,
-        explain: bool = False,
-        constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
-    ) -> list[list[Hit]]:
-        """Rank a batch of queries; each shard scores the unconstrained ones in one compiled call.
-        `constraints[i]` = (must terms, exclude terms): index terms a hit must / must not hold."""
-        compiled = [compile_query([self.parts_for_text(q)] if isinstance(q, str) else list(q)) for q in queries]
-        excluded = [set(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else [set()] * len(queries)
-        constraints = constraints or [((), ())] * len(queries)
-        depth = k + max((len(e) for e in excluded), default=0)
-        ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints]
-        per_query: dict[int, list] = {i: [] for i in range(len(queries))}
-        for shard in self.shards:
-            for i, (ords, scores) in enumerate(shard.top_k_constrained(compiled, depth, ids)):
-                per_query[i].append((shard, ords, scores))
-        return [self._merge(per_query[i], compiled[i], excluded[i], k, explain) for i in range(len(queries))]
-
-    @staticmethod
-    def _merge(per_shard, wq: WeightedQuery, excluded: set, k: int, explain: bool) -> list[Hit]:
-        candidates = [
-            zip((-s for s in scores.tolist()), shard.doc_ids[ords].tolist(), itertools.repeat(shard), ords.tolist())
-            for shard, ords, scores in per_shard
-        ]
-        merged = candidates[0] if len(candidates) == 1 else heapq.merge(*candidates)
-        hits: list[Hit] = []
-        for neg_score, doc_id, shard, ord_ in merged:
-            if doc_id in excluded:
-                continue
-            hits.append(Hit(doc_id, -neg_score, shard.shard, ord_, shard.contributions(ord_, wq) if explain else None))
-            if len(hits) == k:
-                break
-        return hits
-
-
-def merge_ranked(ranked_lists: Sequence[tuple[Sequence[str], Sequence[float]]], k: int,
-                 excluded: Iterable[str] = ()) -> list[tuple[str, float]]:
-    """Merge per-shard rankings (each sorted by score desc, doc id asc) into the global top-k, exactly as
-    one shard holding every document would rank them."""
-    skip = set(excluded)
-    streams = [zip((-s for s in scores), doc_ids) for doc_ids, scores in ranked_lists]
-    out: list[tuple[str, float]] = []
-    for neg_score, doc_id in heapq.merge(*streams):
-        if doc_id not in skip:
-            out.append((doc_id, -neg_score))
-            if len(out) == k:
-                break
-    return out
+    def search_many(self, queries: Sequence[Query], k: int = 10,
+                    exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[list[Hit]]:
+        """Hits of a batch of queries as objects; rank_many keeps them as columns."""
+        return [r.hits() for r in self.rank_many(queries, k, exclude_doc_ids)]

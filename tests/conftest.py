@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -16,6 +19,12 @@ import pytest
 
 # The fake OpenAI-compatible server and its fixtures (fake_openai, fake_openai_server).
 pytest_plugins = ["fake_openai"]
+
+# Cached shards (pipelines.shard_cache) go to a folder of this test session, never to ~/.cache; jobs started as
+# subprocesses inherit it.
+SHARD_CACHE = tempfile.mkdtemp(prefix="sira-shard-cache-")
+os.environ["SIRA_SHARD_CACHE"] = SHARD_CACHE
+atexit.register(shutil.rmtree, SHARD_CACHE, True)
 
 TINY_DOCS = [
     {"_id": "d01", "title": "Heart attack", "text": "Myocardial infarction, commonly called a heart attack, damages the heart muscle."},

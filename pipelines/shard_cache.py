@@ -1,0 +1,218 @@
+"""A local cache of index shards in a memory-mappable format, written from Delta once per index version.
+
+A restart or a second process opens the cached arrays with `np.load(mmap_mode="r")` instead of reading
+and decoding Delta again: it loads in seconds, and processes on one machine share the pages (the OS page
+cache holds one copy).
+
+Layout, under the cache root ($SIRA_SHARD_CACHE, default ~/.cache/sira/shards; local disk, also for an
+object-store warehouse):
+
+    <root>/<warehouse key>/v<index version>-<manifest fingerprint>/shard-<s>.f<FORMAT_VERSION>/
+        doc_id_offsets.npy doc_id_data.npy doc_lens.npy term_ids.npy indptr.npy doc_ords.npy impacts.npy
+        term_max.npy  (ShardIndex.arrays(): plain .npy, readable by any numpy)
+        complete.json  (format version, fingerprint, every file's size and CRC32; written last)
+
+The warehouse key hashes the warehouse URI; the fingerprint hashes the whole manifest row (corpus_stats), so
+a warehouse rebuilt under the same version number, or a changed table version, never matches an old entry.
+
+Never serving a stale or half-written shard: a writer fills a temporary sibling folder, fsyncs it, writes
+complete.json last and renames the folder into place, so a killed writer leaves only a temporary folder
+(removed by a later writer), never a shard folder. A reader accepts a folder only when complete.json has
+the same format version and fingerprint and every file has its recorded size and CRC32; otherwise the
+folder is removed and the shard rebuilt from Delta. Checksums are read with plain file reads (1.3 GB/s),
+so checking does not make the mapping resident. One writer per shard at a time (an advisory file lock);
+the others wait and then open what it wrote. After a write, versions of the same warehouse other than the
+KEEP_VERSIONS newest are removed (deleting mapped files is safe on POSIX: a process still using them keeps
+its mapping).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from sira_core.bm25 import ShardIndex
+
+log = logging.getLogger("sira.shard_cache")
+
+CACHE_ENV = "SIRA_SHARD_CACHE"
+FORMAT_VERSION = 1  # bump when the arrays or their meaning change: old folders are then never opened
+KEEP_VERSIONS = 2  # index versions kept per warehouse: the one being served and the one switched to
+MARKER = "complete.json"
+_TMP_PREFIX = ".tmp-"
+
+
+class CacheCorrupt(ValueError):
+    """A cached shard folder that must not be served."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "sira" / "shards")
+
+
+def warehouse_key(warehouse: str) -> str:
+    """A folder name for a warehouse: its last path component (readable) and a hash of its full URI."""
+    uri = warehouse if "://" in warehouse else str(Path(warehouse).expanduser().resolve())
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in uri.rstrip("/").rsplit("/", 1)[-1])[:40]
+    return f"{name}-{hashlib.sha256(uri.encode()).hexdigest()[:16]}"
+
+
+def manifest_fingerprint(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def shard_dir(warehouse: str, manifest: dict, shard: int, root: Path | str | None = None) -> Path:
+    version = f"v{manifest['index_version']}-{manifest_fingerprint(manifest)}"
+    return Path(root or cache_root()) / warehouse_key(warehouse) / version / f"shard-{shard}.f{FORMAT_VERSION}"
+
+
+def cached_shard(warehouse: str, manifest: dict, shard: int, load: Callable[[str, dict, int], ShardIndex],
+                 root: Path | str | None = None) -> ShardIndex:
+    """Shard `shard` of the manifest's index version, memory-mapped from the local cache; on a miss (or a
+    folder that fails its checks) `load(warehouse, manifest, shard)` (shard_loader.load_shard) builds it and
+    it is written to the cache first."""
+    folder = shard_dir(warehouse, manifest, shard, root)
+    fingerprint = manifest_fingerprint(manifest)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(folder.with_name(folder.name + ".lock")):
+        if folder.exists():
+            try:
+                return open_shard(folder, shard, fingerprint)
+            except CacheCorrupt as exc:
+                log.warning("rebuilding cached shard %s: %s", folder, exc)
+                _remove(folder)
+        write_shard(folder, load(warehouse, manifest, shard), fingerprint)
+    _prune(folder.parent.parent, keep=folder.parent)
+    return open_shard(folder, shard, fingerprint)
+
+
+def write_shard(folder: Path, index: ShardIndex, fingerprint: str) -> None:
+    """Write one shard folder atomically (temporary folder, marker last, rename)."""
+    _remove_dead_temporaries(folder.parent)
+    tmp = folder.with_name(f"{_TMP_PREFIX}{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        files = {}
+        for name, array in index.arrays().items():
+            path = tmp / f"{name}.npy"
+            with open(path, "wb") as fh:
+                np.save(fh, np.ascontiguousarray(array), allow_pickle=False)
+                fh.flush()
+                os.fsync(fh.fileno())
+            files[name] = {"bytes": path.stat().st_size, "crc32": _crc32(path)}
+        marker = {"format": FORMAT_VERSION, "fingerprint": fingerprint, "shard": index.shard, "files": files}
+        with open(tmp / MARKER, "w", encoding="utf-8") as fh:
+            json.dump(marker, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        os.rename(tmp, folder)
+        _fsync_dir(folder.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def open_shard(folder: Path, shard: int, fingerprint: str) -> ShardIndex:
+    """Memory-map a complete shard folder; CacheCorrupt when anything does not match its marker."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CacheCorrupt(f"no readable {MARKER}: {exc}") from None
+    if marker.get("format") != FORMAT_VERSION or marker.get("fingerprint") != fingerprint \
+            or marker.get("shard") != shard:
+        raise CacheCorrupt(f"written for format {marker.get('format')}, fingerprint {marker.get('fingerprint')}, "
+                           f"shard {marker.get('shard')}")
+    arrays = {}
+    for name, expected in marker["files"].items():
+        path = folder / f"{name}.npy"
+        size = path.stat().st_size if path.exists() else None
+        if size != expected["bytes"]:
+            raise CacheCorrupt(f"{path.name}: {size} bytes, {expected['bytes']} expected")
+        if _crc32(path) != expected["crc32"]:
+            raise CacheCorrupt(f"{path.name}: checksum mismatch")
+        arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+    try:
+        return ShardIndex.from_arrays(shard, arrays)
+    except (KeyError, ValueError) as exc:
+        raise CacheCorrupt(f"inconsistent arrays: {exc}") from None
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released by the OS if this process dies
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove(folder: Path) -> None:
+    """Move aside, then delete: no reader ever sees a half-deleted folder under the real name."""
+    aside = folder.with_name(f"{_TMP_PREFIX}{folder.name}-removed-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _remove_dead_temporaries(parent: Path) -> None:
+    """Temporary folders of writers that died (their pid is gone), and folders moved aside for deletion."""
+    if not parent.exists():
+        return
+    for tmp in parent.glob(f"{_TMP_PREFIX}*"):
+        fields = tmp.name.rsplit("-", 2)
+        if "-removed-" in tmp.name or (len(fields) == 3 and fields[1].isdigit() and not _alive(int(fields[1]))):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _prune(warehouse_folder: Path, keep: Path) -> None:
+    """Remove cached versions of this warehouse other than `keep` and the KEEP_VERSIONS newest; a version
+    number cached under several fingerprints keeps only `keep`'s (the others are stale)."""
+    def number(p: Path) -> int:
+        return int(p.name[1:].split("-", 1)[0])
+
+    versions = [p for p in warehouse_folder.iterdir() if p.is_dir() and p.name.startswith("v")]
+    newest = sorted({number(p) for p in versions}, reverse=True)[:KEEP_VERSIONS]
+    for p in versions:
+        if p != keep and (number(p) not in newest or number(p) == number(keep)):
+            shutil.rmtree(p, ignore_errors=True)
