@@ -312,7 +312,7 @@ def build_index(
             desired = current.withColumn("inject_key", F.lit("")).withColumn(
                 "inj_term_ids", F.lit(None).cast("array<bigint>")).withColumn("inj_tfs", F.lit(None).cast("array<int>"))
         plan = plan_segments(b, desired, base, policy)
-        seg = write_segment(b, plan.entering)
+        seg = write_segment(b, plan.entering, plan.entering_rows)
         stats = term_statistics(b, plan, seg, orig_df, orig_delta)
         tombstones_version = write_tombstones(b, plan)
         injections_version = None
@@ -381,19 +381,24 @@ def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int]:
     """Analyse the documents that have no kept analysis for this analyzer; returns how many documents there are
     and how many were analysed now."""
     uri = b.uri(tables.DOC_ANALYSIS)
-    todo = docs.select("doc_id", "content_hash", "title", "text")
+    key = ["doc_id", "content_hash"]
+    todo, num_docs = docs.select(*key, "title", "text"), docs.count()
+    new = num_docs
     if table_exists(uri):
-        done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
-        todo = todo.join(done.select("doc_id", "content_hash"), ["doc_id", "content_hash"], "left_anti")
-    out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
-    new = out.where(F.col("doc_id").isNotNull()).count()
-    num_docs = docs.count()
-    b.log(f"analysis: {new} new or changed documents analysed, {num_docs - new} kept from earlier builds")
+        # Which documents lack an analysis, on the keys alone; the texts are read for those only.
+        done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
+        missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
+        new = missing.count()
+        if new < num_docs:
+            todo = todo.join(_small(missing, new), key)
+    b.log(f"analysis: {new} new or changed documents to analyse, {num_docs - new} kept from earlier builds")
     if new:
+        out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
         # The dictionary first: a kept analysis implies its terms are spelled (a kill in between re-analyses).
         merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))
         (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
          .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+        b.log(f"analysis: {new} documents analysed")
     return num_docs, new
 
 
@@ -452,10 +457,20 @@ def analyse_phrases(b: Build, docs: DataFrame, phrases: DataFrame) -> None:
          .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
 
 
-def _analysis_of(b: Build, keys: DataFrame) -> DataFrame:
-    """The kept analysis of the documents in `keys` (doc_id, content_hash, ...), joined to them."""
+# Up to this many rows, the small side of a join is sent to every task (a broadcast join) rather than the big side
+# shuffled: a night's changed documents against the whole kept analysis, its new terms against the dictionary.
+BROADCAST_ROWS = 2_000_000
+
+
+def _small(df: DataFrame, rows: int | None) -> DataFrame:
+    return F.broadcast(df) if rows is not None and rows <= BROADCAST_ROWS else df
+
+
+def _analysis_of(b: Build, keys: DataFrame, rows: int | None = None) -> DataFrame:
+    """The kept analysis of the documents in `keys` (doc_id, content_hash, ...), joined to them; `rows`: how many
+    keys there are, when known (few are broadcast)."""
     done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
-    return keys.join(done, ["doc_id", "content_hash"])
+    return _small(keys, rows).join(done, ["doc_id", "content_hash"])
 
 
 def _term_counts(df: DataFrame, ids: str = "term_ids", tfs: str = "tfs", keep: tuple[str, ...] = ("doc_id",)) -> DataFrame:
@@ -466,8 +481,9 @@ def _term_counts(df: DataFrame, ids: str = "term_ids", tfs: str = "tfs", keep: t
 
 def _require_analysis(b: Build, keys: DataFrame, what: str) -> DataFrame:
     """The kept analysis of `keys`, checked to cover each of them once (it is never silently partial)."""
-    joined = b.keep(_analysis_of(b, keys))
-    expected, got = keys.count(), joined.count()
+    expected = keys.count()
+    joined = b.keep(_analysis_of(b, keys, expected))
+    got = joined.count()
     if got != expected:
         raise RuntimeError(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} {what} (analyzer "
                            f"{b.analyzer_key}): a row is missing or repeated")
@@ -564,6 +580,7 @@ def _injection_counts(decided: DataFrame, e: EnrichmentChoice) -> dict:
 @dataclass
 class SegmentPlan:
     entering: DataFrame  # desired rows of the documents the new segment holds
+    entering_rows: int | None  # how many, when counted
     leaving: DataFrame | None  # base segment_docs rows of the documents tombstoned now
     base: dict | None
     segments: list[int]
@@ -591,24 +608,24 @@ def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: Segme
                 old = b.read(tables.TOMBSTONES).where(
                     F.col("index_version") == base["index_version"]).select("segment", "shard", "doc_ord")
                 tombstones = old.unionByName(tombstones)
-            return SegmentPlan(entering, leaving, base, segments, tombstones, dead, base["index_version"])
+            return SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, dead, base["index_version"])
         b.log(f"full build: v{base['index_version']} would hold {len(segments)} segments and {dead} tombstones "
               f"of {in_segments} documents (policy: at most {policy.max_segments} segments, "
               f"{policy.max_dead_fraction:.0%} tombstoned)")
     else:
         b.log("full build: no earlier version of this kind, or --full")
-    return SegmentPlan(desired, None, None, [b.version], None, 0, None)
+    return SegmentPlan(desired, None, None, None, [b.version], None, 0, None)
 
 
-def write_segment(b: Build, entering: DataFrame) -> dict:
+def write_segment(b: Build, entering: DataFrame, rows: int | None) -> dict:
     """Doc ordinals, segment_docs and the postings of the documents entering segment `b.version`."""
-    wide = _analysis_of(b, entering).withColumn("shard", (F.col("doc_hash") % b.num_shards).cast("int"))
+    wide = _analysis_of(b, entering, rows).withColumn("shard", (F.col("doc_hash") % b.num_shards).cast("int"))
     wide = wide.withColumn("doc_len", (F.col("doc_len") + F.coalesce(
         F.aggregate("inj_tfs", F.lit(0), lambda acc, x: acc + x), F.lit(0))).cast("int"))
     ordinal = F.row_number().over(Window.partitionBy("shard").orderBy("doc_id")) - 1
     seg = b.keep(wide.withColumn("doc_ord", ordinal.cast("int"))
                  .withColumn("block", (F.col("doc_ord") / tables.POSTINGS_BLOCK_DOCS).cast("int")))
-    expected, got = entering.count(), seg.count()
+    expected, got = rows if rows is not None else entering.count(), seg.count()
     if got != expected:
         raise RuntimeError(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} documents entering segment "
                            f"{b.version} (analyzer {b.analyzer_key}): a row is missing or repeated")
@@ -652,22 +669,30 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
                  .unionByName(_final_vectors(b, leaving).withColumn("s", F.lit(-1)))
                  .groupBy("term_id").agg(F.sum("s").cast("long").alias("d_df_enriched"),
                                          F.sum(F.col("s") * F.col("tf")).cast("long").alias("d_cf")))
-        if orig_delta is not None:
-            moved = moved.join(orig_delta, "term_id", "full_outer")
-        else:
-            moved = moved.withColumn("d_df", F.lit(0).cast("long"))
+        moved = b.keep(moved.join(orig_delta, "term_id", "full_outer") if orig_delta is not None
+                       else moved.withColumn("d_df", F.lit(0).cast("long")))
+        n_moved = moved.count()
         before = b.read(tables.TERM_STATS).where(
             F.col("index_version") == base["index_version"]).drop("index_version")
         zero = F.lit(0).cast("long")
-        stats = (before.join(moved, "term_id", "full_outer").select(
-            "term_id", "term",
-            (F.coalesce("df", zero) + F.coalesce("d_df", zero)).alias("df"),
-            (F.coalesce("df_enriched", zero) + F.coalesce("d_df_enriched", zero)).alias("df_enriched"),
-            (F.coalesce("cf", zero) + F.coalesce("d_cf", zero)).alias("cf"))
-            .where(F.col("df_enriched") > 0))
-        spelled = stats.where(F.col("term").isNotNull())
-        new_terms = stats.where(F.col("term").isNull()).drop("term").join(dictionary, "term_id", "left")
-        stats = spelled.unionByName(new_terms)
+
+        def add(df: DataFrame) -> DataFrame:
+            return df.select("term_id", "term",
+                             (F.coalesce("df", zero) + F.coalesce("d_df", zero)).alias("df"),
+                             (F.coalesce("df_enriched", zero) + F.coalesce("d_df_enriched", zero)).alias("df_enriched"),
+                             (F.coalesce("cf", zero) + F.coalesce("d_cf", zero)).alias("cf"))
+
+        # The base's terms with what moved (the few that moved go to every task), and the terms new to the index,
+        # spelled from the dictionary.
+        kept = add(before.join(_small(moved, n_moved), "term_id", "left"))
+        new_ids = b.keep(moved.join(before.select("term_id"), "term_id", "left_anti"))
+        n_new = new_ids.count()
+        new = b.keep(_small(new_ids, n_new).join(dictionary, "term_id"))
+        if new.count() != n_new:
+            raise RuntimeError(f"{n_new - new.count()} new terms are missing from {tables.TERM_DICTIONARY}")
+        new = add(new.select("term_id", "term", *[F.lit(None).cast("long").alias(c) for c in ("df", "df_enriched", "cf")],
+                             "d_df", "d_df_enriched", "d_cf"))
+        stats = kept.unionByName(new).where(F.col("df_enriched") > 0)
         total_terms = int(base["total_terms"]) + int(entering.agg(F.sum("doc_len")).first()[0] or 0) \
             - int(plan.leaving.agg(F.sum("doc_len")).first()[0] or 0)
     stats = b.keep(stats.select(F.lit(b.version).cast("long").alias("index_version"), "term_id", "term",
