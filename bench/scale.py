@@ -208,10 +208,12 @@ def measure(args) -> dict:
     ingest = step("ingest", lambda: run_job(["ingest", str(corpus), "-w", str(wh)], logs / "ingest.log"))
     ingest["docs_per_s"] = round(n / ingest["seconds"], 1)
     for preset, extra in (("pyserini-flat", []), ("sira", [])):
+        out = work / f"index-{preset}.json"
         run = step(f"index {preset}", lambda: run_job(
-            ["index", "-w", str(wh), "--preset", preset, "--no-enrichment", "--full", *extra],
-            logs / f"index-{preset}.log"))
+            ["index", "-w", str(wh), "--preset", preset, "--no-enrichment", "--full", "--output-json", str(out),
+             *extra], logs / f"index-{preset}.log"))
         run["docs_per_s_per_core"] = round(n / run["seconds"] / cores, 1)
+        run["build_step_seconds"] = json.loads(out.read_text())["step_seconds"]
     steps["table_bytes"] = table_bytes(wh)
     bm25s = step("bm25s index", lambda: _worker_json(["--bm25s-index", str(corpus)], logs / "bm25s-index.log"))
     step("load sira index from Delta", lambda: _worker_json(["--load", str(wh)], logs / "load.log"))

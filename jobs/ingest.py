@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
 from collections import Counter
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Iterator, Literal
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.progress import progress_bar
@@ -47,20 +52,43 @@ def content_hash(title: str, text: str) -> str:
 
 
 class _Snapshot:
-    """The source's valid records as Arrow batches (read lazily, once), with the rejects and counts it saw."""
+    """The source's valid records as Arrow batches (read lazily, once), with the rejects and counts it saw.
 
-    def __init__(self, cfg: IngestConfig):
+    Memory does not grow with the source: records stream through in batches, rejects are spooled to a Parquet
+    file in `spool` (a source of nothing but bad records is as big as a good one); what is kept per document is its
+    id and record number, for the duplicate check."""
+
+    def __init__(self, cfg: IngestConfig, spool: Path):
         self.cfg = cfg
         self.source = resolve_corpus(cfg.source)
         self.now = datetime.now(timezone.utc)
         self.seen: dict[str, int] = {}
-        self.rejected: list[dict] = []
         self.read = 0
+        self.rejects_path = spool / "rejected.parquet"
+        self._rejects = pq.ParquetWriter(self.rejects_path, tables.REJECTED_SCHEMA)
+        self._pending: list[dict] = []
+        self.rejected = 0
+        self.rejected_by_reason: Counter = Counter()
 
     def _reject(self, raw, doc_id, reason) -> None:
         payload = raw.payload.decode("utf-8", "replace") if isinstance(raw.payload, bytes) else repr(raw.payload)
-        self.rejected.append({"source": raw.source, "record": raw.record, "doc_id": doc_id, "reason": reason,
+        self._pending.append({"source": raw.source, "record": raw.record, "doc_id": doc_id, "reason": reason,
                               "raw": payload[: tables.RAW_KEEP_CHARS], "rejected_at": self.now})
+        self.rejected += 1
+        self.rejected_by_reason[reason_kind(reason)] += 1
+        if len(self._pending) >= REJECT_SPOOL_ROWS:
+            self._spool()
+
+    def _spool(self) -> None:
+        if self._pending:
+            self._rejects.write_table(pa.Table.from_pylist(self._pending, schema=tables.REJECTED_SCHEMA))
+            self._pending = []
+
+    def rejects(self) -> pa.RecordBatchReader:
+        """Every reject, once the records have been read."""
+        self._spool()
+        self._rejects.close()
+        return pq.ParquetFile(self.rejects_path).iter_batches()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         rows = {name: [] for name in tables.DOCS_SCHEMA.names}
@@ -89,42 +117,90 @@ class _Snapshot:
         return pa.RecordBatchReader.from_batches(tables.DOCS_SCHEMA, self.batches())
 
 
+REJECT_SPOOL_ROWS = 10_000
+# The snapshot's records meet the current table's keys in batches this big (a batch's join builds a hash table of the
+# current keys, so bigger batches mean fewer builds).
+MERGE_BATCH_ROWS = 200_000
+
+
 class SnapshotRefused(ValueError):
     """A merge snapshot would delete too much of the corpus; the docs table was left as it was."""
 
 
-def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float) -> dict:
-    """MERGE the snapshot into the docs table in one commit; counts inserted / updated / deleted / unchanged."""
+def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Path) -> dict:
+    """MERGE the snapshot into the docs table in one commit; counts inserted / updated / deleted / unchanged.
+
+    The snapshot streams past the table's keys (doc_id, content_hash: the only per-document state held); only
+    new or changed documents are spooled to disk and MERGEd, with the ids that left, so the MERGE's source is the
+    night's changes, not the corpus."""
     from deltalake import DeltaTable
 
     target = DeltaTable(uri)
-    version, current = target.version(), target.to_pyarrow_dataset().count_rows()
-    metrics = (
-        target
-        .merge(snapshot.reader(), predicate="t.doc_id = s.doc_id", source_alias="s", target_alias="t")
-        .when_matched_update_all(predicate="t.content_hash <> s.content_hash")
-        .when_not_matched_insert_all()
-        .when_not_matched_by_source_delete()
-        .execute()
-    )
-    inserted, updated, deleted = (metrics[f"num_target_rows_{k}"] for k in ("inserted", "updated", "deleted"))
-    if deleted > max_delete_fraction * current:
-        # The snapshot's size is known only once it has streamed through the MERGE: undo that one commit.
-        DeltaTable(uri).restore(version)
-        raise SnapshotRefused(
-            f"{snapshot.cfg.source}: this snapshot would delete {deleted} of the {current} documents (more than "
-            f"{max_delete_fraction:.0%}; it holds {len(snapshot.seen)} valid records, {len(snapshot.rejected)} "
-            "rejected); the docs table is unchanged. Check the file, or raise --max-delete-fraction if intended")
+    current = target.to_pyarrow_dataset().to_table(columns=["doc_id", "content_hash"])
+    current = current.rename_columns(["doc_id", "current_hash"]).append_column(
+        "_row", pa.array(np.arange(current.num_rows, dtype=np.int64)))
+    seen = np.zeros(current.num_rows, dtype=bool)
+    changes_path = spool / "changes.parquet"
+    schema = pa.schema([f.with_nullable(True) for f in tables.DOCS_SCHEMA] + [pa.field("_op", pa.string())])
+    inserted = updated = 0
+    with pq.ParquetWriter(changes_path, schema) as changes:
+        for batch in _rebatch(snapshot.batches(), MERGE_BATCH_ROWS):
+            joined = batch.join(current, "doc_id", join_type="left outer")
+            rows = joined.column("_row")
+            seen[pc.drop_null(rows).to_numpy()] = True
+            new = pc.is_null(rows)
+            # A new document has no current hash: its comparison is null, which counts as a change here.
+            differs = pc.fill_null(pc.not_equal(joined.column("content_hash"), joined.column("current_hash")), True)
+            upserts = joined.filter(differs).select(tables.DOCS_SCHEMA.names)
+            n_new = pc.sum(new.cast(pa.int64())).as_py() or 0
+            inserted, updated = inserted + n_new, updated + upserts.num_rows - n_new
+            changes.write_table(upserts.append_column("_op", pa.array(["upsert"] * upserts.num_rows)).cast(schema))
+        gone = current.filter(pa.array(~seen)).column("doc_id")
+        deleted = len(gone)
+        if deleted > max_delete_fraction * current.num_rows:
+            raise SnapshotRefused(
+                f"{snapshot.cfg.source}: this snapshot would delete {deleted} of the {current.num_rows} documents (more "
+                f"than {max_delete_fraction:.0%}; it holds {len(snapshot.seen)} valid records, {snapshot.rejected} "
+                "rejected); the docs table is unchanged. Check the file, or raise --max-delete-fraction if intended")
+        changes.write_table(pa.table({
+            **{f.name: pa.nulls(deleted, f.type) for f in tables.DOCS_SCHEMA if f.name != "doc_id"},
+            "doc_id": gone, "_op": pa.array(["delete"] * deleted)}).select(schema.names).cast(schema))
+    columns = {c: f"s.{c}" for c in tables.DOCS_SCHEMA.names}
+    if inserted or updated or deleted:
+        source = pa.RecordBatchReader.from_batches(schema, pq.ParquetFile(changes_path).iter_batches())
+        (target.merge(source, predicate="t.doc_id = s.doc_id",
+                      source_alias="s", target_alias="t")
+         .when_matched_delete(predicate="s._op = 'delete'")
+         .when_matched_update(columns, predicate="s._op = 'upsert'")
+         .when_not_matched_insert(columns, predicate="s._op = 'upsert'")
+         .execute())
     return {"inserted": inserted, "updated": updated, "deleted": deleted,
             "unchanged": len(snapshot.seen) - inserted - updated}
 
 
+def _rebatch(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    waiting, count = [], 0
+    for batch in batches:
+        waiting.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(waiting)
+            waiting, count = [], 0
+    if waiting:
+        yield pa.Table.from_batches(waiting)
+
+
 def run(cfg: IngestConfig) -> dict:
-    snapshot = _Snapshot(cfg)
+    with tempfile.TemporaryDirectory(prefix="sira-ingest-") as spool:
+        return _ingest(cfg, Path(spool))
+
+
+def _ingest(cfg: IngestConfig, spool: Path) -> dict:
+    snapshot = _Snapshot(cfg, spool)
     docs_uri = tables.table_uri(cfg.warehouse, tables.DOCS)
     before = table_version(docs_uri)
     if cfg.mode == "merge" and table_exists(docs_uri):
-        changes = _merge(docs_uri, snapshot, cfg.max_delete_fraction)
+        changes = _merge(docs_uri, snapshot, cfg.max_delete_fraction, spool)
     else:
         # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
         write_table(docs_uri, snapshot.reader(), mode="overwrite")
@@ -133,15 +209,14 @@ def run(cfg: IngestConfig) -> dict:
     # Replace: the rejects of this snapshot replace the last ones. Merge (nightly): appended, so every night's
     # rejects stay inspectable by `rejected_at`.
     rejected_uri = tables.table_uri(cfg.warehouse, tables.REJECTED)
-    write_table(rejected_uri, pa.Table.from_pylist(snapshot.rejected, schema=tables.REJECTED_SCHEMA),
+    write_table(rejected_uri, pa.RecordBatchReader.from_batches(tables.REJECTED_SCHEMA, snapshot.rejects()),
                 mode="append" if cfg.mode == "merge" and table_exists(rejected_uri) else "overwrite")
-    reasons = Counter(reason_kind(r["reason"]) for r in snapshot.rejected)
     summary = {
         "source": cfg.source,
         "read": snapshot.read,
         "kept": len(snapshot.seen),
-        "rejected": len(snapshot.rejected),
-        "rejected_by_reason": dict(reasons),
+        "rejected": snapshot.rejected,
+        "rejected_by_reason": dict(snapshot.rejected_by_reason),
         "docs_table_version": table_version(docs_uri),
         "previous_docs_table_version": before,
     }

@@ -46,9 +46,15 @@ def read_table(
     return dataset.to_table(columns=list(columns) if columns else None, filter=expr)
 
 
+# Files of at most this size: delta-rs buffers a file's rows before writing it, so this bounds a streamed write's
+# memory (the default buffered a 200,000-document corpus, 1 GB, whole).
+TARGET_FILE_BYTES = 32 << 20
+
+
 def write_table(uri: str, data, mode: str = "append", partition_by: Sequence[str] | None = None) -> int:
     """Write in one commit (the data's own Arrow schema); returns the new table version."""
-    write_deltalake(uri, data, mode=mode, partition_by=list(partition_by) if partition_by else None)
+    write_deltalake(uri, data, mode=mode, partition_by=list(partition_by) if partition_by else None,
+                    target_file_size=TARGET_FILE_BYTES)
     return DeltaTable(uri).version()
 
 

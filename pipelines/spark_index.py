@@ -25,7 +25,9 @@ The published index equals a full rebuild's (tests/test_incremental_index.py com
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterator
@@ -244,6 +246,7 @@ class Build:
     analyzer_key: str = ""
     build_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     persisted: list = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)  # per step, reported with the build
 
     def __post_init__(self):
         self.analyzer_json = self.preset.analyzer.model_dump_json()
@@ -262,6 +265,12 @@ class Build:
         """Persist (on disk by default: these frames are corpus-sized) until the build ends."""
         self.persisted.append(df.persist(level))
         return self.persisted[-1]
+
+    @contextmanager
+    def step(self, name: str):
+        started = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - started, 2)
 
     def release(self) -> None:
         for df in self.persisted:
@@ -292,18 +301,21 @@ def build_index(
     try:
         docs = b.read(tables.DOCS, docs_version)
         size_shuffles(spark, b.uri(tables.DOCS))
-        num_docs, analysed = analyse_documents(b, docs)
+        with b.step("analysis"):
+            num_docs, analysed, analysis_is_current = analyse_documents(b, docs)
         if num_docs == 0:
             raise ValueError(f"docs table {b.uri(tables.DOCS)} v{docs_version} is empty")
         base = None if full else find_base(b)
         current = docs.select("doc_id", "content_hash")
-        orig_df, orig_delta = original_df(b, current, base)
+        with b.step("original df"):
+            orig_df, orig_delta = original_df(b, current, base)
         injections, enrichment_info = None, _no_enrichment()
         if enrichment is not None:
-            phrases, enrichment_info["enrichment_table_version"] = _enrichment_phrases(b, docs)
-            analyse_phrases(b, docs, phrases)
-            injections, per_doc = decide_injections(b, phrases, orig_df, num_docs)
-            enrichment_info.update(_injection_counts(injections, enrichment))
+            with b.step("injections"):
+                phrases, enrichment_info["enrichment_table_version"] = _enrichment_phrases(b, docs)
+                analyse_phrases(b, docs, phrases)
+                injections, per_doc = decide_injections(b, phrases, orig_df, num_docs)
+                enrichment_info.update(_injection_counts(injections, enrichment))
             log(f"enrichment v{enrichment_info['enrichment_table_version']}: kept {enrichment_info['phrases_kept']} "
                 f"of {enrichment_info['phrases_proposed']} proposed phrases")
             desired = current.join(per_doc, "doc_id", "left").withColumn(
@@ -311,16 +323,22 @@ def build_index(
         else:
             desired = current.withColumn("inject_key", F.lit("")).withColumn(
                 "inj_term_ids", F.lit(None).cast("array<bigint>")).withColumn("inj_tfs", F.lit(None).cast("array<int>"))
-        plan = plan_segments(b, desired, base, policy)
-        seg = write_segment(b, plan.entering, plan.entering_rows)
-        stats = term_statistics(b, plan, seg, orig_df, orig_delta)
-        tombstones_version = write_tombstones(b, plan)
-        injections_version = None
-        if injections is not None:
-            injections_version = _replace(
-                injections.select(F.lit(b.version).cast("long").alias("index_version"), "doc_id", "position", "phrase",
-                                  "kept", "reason", "min_df"),
-                b.uri(tables.INJECTIONS), "index_version", b.version, ["index_version"])
+        with b.step("segment plan"):
+            plan = plan_segments(b, desired, base, policy)
+        # A plain full build whose kept analyses are exactly the current documents' reads them without a join.
+        whole = plan.base is None and enrichment is None and analysis_is_current
+        with b.step("segment"):
+            seg = write_segment(b, plan.entering, plan.entering_rows, whole)
+        with b.step("term statistics"):
+            stats = term_statistics(b, plan, seg, orig_df, orig_delta)
+        with b.step("tombstones and injections"):
+            tombstones_version = write_tombstones(b, plan)
+            injections_version = None
+            if injections is not None:
+                injections_version = _replace(
+                    injections.select(F.lit(b.version).cast("long").alias("index_version"), "doc_id", "position",
+                                      "phrase", "kept", "reason", "min_df"),
+                    b.uri(tables.INJECTIONS), "index_version", b.version, ["index_version"])
     finally:
         b.release()
     row = {
@@ -339,7 +357,7 @@ def build_index(
     publish(spark, warehouse, row)
     log(f"published index version {b.version}: {num_docs} documents, {stats['total_terms']} terms, segments "
         f"{plan.segments}" + (f" ({plan.num_tombstones} tombstoned)" if plan.num_tombstones else ""))
-    return {**row, "documents_analysed": analysed}
+    return {**row, "documents_analysed": analysed, "step_seconds": b.seconds}
 
 
 def _no_enrichment() -> dict:
@@ -377,18 +395,19 @@ def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: lis
 # ---- 1. analysis -------------------------------------------------------------------------------------------------
 
 
-def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int]:
-    """Analyse the documents that have no kept analysis for this analyzer; returns how many documents there are
-    and how many were analysed now."""
+def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int, bool]:
+    """Analyse the documents that have no kept analysis for this analyzer; returns how many documents there are,
+    how many were analysed now, and whether the kept analyses are now exactly those of the current documents."""
     uri = b.uri(tables.DOC_ANALYSIS)
     key = ["doc_id", "content_hash"]
     todo, num_docs = docs.select(*key, "title", "text"), docs.count()
-    new = num_docs
+    new, exact = num_docs, True
     if table_exists(uri):
         # Which documents lack an analysis, on the keys alone; the texts are read for those only.
         done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
         missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
         new = missing.count()
+        exact = done.count() == num_docs - new  # no analysis of a document that changed or left
         if new < num_docs:
             todo = todo.join(_small(missing, new), key)
     b.log(f"analysis: {new} new or changed documents to analyse, {num_docs - new} kept from earlier builds")
@@ -399,7 +418,7 @@ def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int]:
         (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
          .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
         b.log(f"analysis: {new} documents analysed")
-    return num_docs, new
+    return num_docs, new, exact
 
 
 def merge_dictionary(b: Build, spelled: DataFrame) -> None:
@@ -617,9 +636,16 @@ def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: Segme
     return SegmentPlan(desired, None, None, None, [b.version], None, 0, None)
 
 
-def write_segment(b: Build, entering: DataFrame, rows: int | None) -> dict:
-    """Doc ordinals, segment_docs and the postings of the documents entering segment `b.version`."""
-    wide = _analysis_of(b, entering, rows).withColumn("shard", (F.col("doc_hash") % b.num_shards).cast("int"))
+def write_segment(b: Build, entering: DataFrame, rows: int | None, whole_analysis: bool = False) -> dict:
+    """Doc ordinals, segment_docs and the postings of the documents entering segment `b.version`; with
+    `whole_analysis` they are every document with a kept analysis and no injected terms."""
+    if whole_analysis:
+        wide = (b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
+                .withColumn("inject_key", F.lit("")).withColumn("inj_term_ids", F.lit(None).cast("array<bigint>"))
+                .withColumn("inj_tfs", F.lit(None).cast("array<int>")))
+    else:
+        wide = _analysis_of(b, entering, rows)
+    wide = wide.withColumn("shard", (F.col("doc_hash") % b.num_shards).cast("int"))
     wide = wide.withColumn("doc_len", (F.col("doc_len") + F.coalesce(
         F.aggregate("inj_tfs", F.lit(0), lambda acc, x: acc + x), F.lit(0))).cast("int"))
     ordinal = F.row_number().over(Window.partitionBy("shard").orderBy("doc_id")) - 1

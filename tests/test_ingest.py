@@ -92,6 +92,28 @@ def test_merge_refuses_a_snapshot_that_would_empty_the_corpus(tmp_path):
     truncated = write_lines(tmp_path / "truncated.jsonl", docs[:3] + [b'{"_id": "3", "te'])
     with pytest.raises(ValueError, match=r"would delete 7 of the 10 documents .*3 valid records, 1 rejected"):
         run(IngestConfig(source=str(truncated), warehouse=wh, mode="merge"))
-    assert read_table(f"{wh}/docs").sort_by("doc_id").to_pylist() == before  # rolled back
+    assert read_table(f"{wh}/docs").sort_by("doc_id").to_pylist() == before  # refused before any write
     s = run(IngestConfig(source=str(truncated), warehouse=wh, mode="merge", max_delete_fraction=1.0))
     assert s["changes"] == {"inserted": 0, "updated": 0, "deleted": 7, "unchanged": 3}
+
+
+def test_a_merge_makes_the_table_equal_the_snapshot_and_keeps_unchanged_rows(tmp_path, monkeypatch):
+    import jobs.ingest as ingest_module
+
+    monkeypatch.setattr(ingest_module, "MERGE_BATCH_ROWS", 4)  # several batches meet the table's keys
+    wh = str(tmp_path / "wh")
+    night1 = [{"_id": str(i), "title": f"t{i}", "text": f"document {i}"} for i in range(20)]
+    night2 = [{**d, "text": d["text"] + " changed"} if d["_id"] in ("3", "11") else d
+              for d in night1 if d["_id"] not in ("5", "17")] + [{"_id": "new1", "text": "a new one"},
+                                                                {"_id": "new2", "text": "another"}]
+    as_lines = lambda docs: [json.dumps(d).encode() for d in docs]  # noqa: E731
+    run(IngestConfig(source=str(write_lines(tmp_path / "n1.jsonl", as_lines(night1))), warehouse=wh))
+    before = {r["doc_id"]: r for r in read_table(f"{wh}/docs").to_pylist()}
+    s = run(IngestConfig(source=str(write_lines(tmp_path / "n2.jsonl", as_lines(night2))), warehouse=wh,
+                         mode="merge"))
+    assert s["changes"] == {"inserted": 2, "updated": 2, "deleted": 2, "unchanged": 16}
+    after = {r["doc_id"]: r for r in read_table(f"{wh}/docs").to_pylist()}
+    assert {d: (r["title"], r["text"]) for d, r in after.items()} == \
+        {d["_id"]: (d.get("title", ""), d["text"]) for d in night2}
+    unchanged = [d for d in after if d in before and d not in ("3", "11")]
+    assert len(unchanged) == 16 and all(after[d] == before[d] for d in unchanged)  # ingested_at kept too
