@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.progress import progress_bar
-from pipelines.delta_io import table_exists, table_version, write_table
+from pipelines.delta_io import table_exists, table_version, write_stream
 from sira_core import tables
 from sira_core.datasets import RecordError, parse_record, resolve_corpus
 
@@ -203,14 +203,14 @@ def _ingest(cfg: IngestConfig, spool: Path) -> dict:
         changes = _merge(docs_uri, snapshot, cfg.max_delete_fraction, spool)
     else:
         # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
-        write_table(docs_uri, snapshot.reader(), mode="overwrite")
+        write_stream(docs_uri, snapshot.reader(), mode="overwrite")
         changes = {"inserted": len(snapshot.seen), "updated": 0, "deleted": 0, "unchanged": 0} \
             if cfg.mode == "merge" else None
     # Replace: the rejects of this snapshot replace the last ones. Merge (nightly): appended, so every night's
     # rejects stay inspectable by `rejected_at`.
     rejected_uri = tables.table_uri(cfg.warehouse, tables.REJECTED)
-    write_table(rejected_uri, pa.RecordBatchReader.from_batches(tables.REJECTED_SCHEMA, snapshot.rejects()),
-                mode="append" if cfg.mode == "merge" and table_exists(rejected_uri) else "overwrite")
+    write_stream(rejected_uri, pa.RecordBatchReader.from_batches(tables.REJECTED_SCHEMA, snapshot.rejects()),
+                 mode="append" if cfg.mode == "merge" and table_exists(rejected_uri) else "overwrite")
     summary = {
         "source": cfg.source,
         "read": snapshot.read,

@@ -58,6 +58,50 @@ def write_table(uri: str, data, mode: str = "append", partition_by: Sequence[str
     return DeltaTable(uri).version()
 
 
+def write_stream(uri: str, batches: pa.RecordBatchReader, mode: str = "overwrite", file_rows: int = 100_000) -> int:
+    """Write a stream of any length in one commit with memory bounded by one row group: the files are written here
+    with pyarrow, `file_rows` rows each, then added to the table in a single transaction (delta-rs's own writer
+    holds a large part of the stream in memory). Returns the new table version."""
+    import json
+    import os
+    import time
+    import uuid
+
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    from deltalake.schema import Schema
+    from deltalake.transaction import AddAction, create_table_with_add_actions
+
+    fs, root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    fs.create_dir(root, recursive=True)
+    actions: list = []
+    writer, path, rows = None, "", 0
+
+    def close() -> None:
+        nonlocal writer, rows
+        if writer is not None:
+            writer.close()
+            actions.append(AddAction(path, fs.get_file_info(f"{root}/{path}").size, {}, int(time.time() * 1000), True,
+                                     json.dumps({"numRecords": rows})))
+            writer, rows = None, 0
+
+    for batch in batches:
+        if writer is None:
+            path = f"part-{uuid.uuid4()}.zstd.parquet"
+            writer = pq.ParquetWriter(fs.open_output_stream(f"{root}/{path}"), batches.schema, compression="zstd")
+        writer.write_batch(batch)
+        rows += batch.num_rows
+        if rows >= file_rows:
+            close()
+    close()
+    schema = Schema.from_arrow(batches.schema)
+    if table_exists(uri):
+        DeltaTable(uri).create_write_transaction(actions, mode, schema)
+    else:
+        create_table_with_add_actions(uri, schema, actions, mode)
+    return DeltaTable(uri).version()
+
+
 def merge_rows(uri: str, rows: pa.Table, key: Sequence[str], replace_when: str | None = None) -> None:
     """Upsert on `key` in one commit: new keys are inserted; an existing row is replaced only when
     `replace_when` (a predicate on target `t`) holds. Creates the table on first use."""
