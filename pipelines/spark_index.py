@@ -51,6 +51,10 @@ class TermIdCollision(RuntimeError):
     pass
 
 
+class MissingAnalysis(RuntimeError):
+    """The kept analysis of a document an incremental build needs is gone (compacted away): build in full."""
+
+
 def spark_ddl(schema: pa.Schema) -> str:
     """A Spark DDL string for an Arrow schema of sira_core.tables (the one place schemas are spelled)."""
     def sql(t: pa.DataType) -> str:
@@ -302,13 +306,18 @@ def build_index(
         docs = b.read(tables.DOCS, docs_version)
         size_shuffles(spark, b.uri(tables.DOCS))
         with b.step("analysis"):
-            num_docs, analysed, analysis_is_current = analyse_documents(b, docs)
+            num_docs, analysed, stale = analyse_documents(b, docs)
         if num_docs == 0:
             raise ValueError(f"docs table {b.uri(tables.DOCS)} v{docs_version} is empty")
         base = None if full else find_base(b)
         current = docs.select("doc_id", "content_hash")
         with b.step("original df"):
-            orig_df, orig_delta = original_df(b, current, base)
+            try:
+                orig_df, orig_delta = original_df(b, current, base)
+            except MissingAnalysis as exc:
+                log(f"full build: {exc}")
+                base = None
+                orig_df, orig_delta = original_df(b, current, base)
         injections, enrichment_info = None, _no_enrichment()
         if enrichment is not None:
             with b.step("injections"):
@@ -326,7 +335,7 @@ def build_index(
         with b.step("segment plan"):
             plan = plan_segments(b, desired, base, policy)
         # A plain full build whose kept analyses are exactly the current documents' reads them without a join.
-        whole = plan.base is None and enrichment is None and analysis_is_current
+        whole = plan.base is None and enrichment is None and stale == 0
         with b.step("segment"):
             seg = write_segment(b, plan.entering, plan.entering_rows, whole)
         with b.step("term statistics"):
@@ -355,6 +364,8 @@ def build_index(
         "tombstones_table_version": tombstones_version,
     }
     publish(spark, warehouse, row)
+    if stale > STALE_ANALYSIS_FRACTION * num_docs:
+        compact_analysis(b, stale)
     log(f"published index version {b.version}: {num_docs} documents, {stats['total_terms']} terms, segments "
         f"{plan.segments}" + (f" ({plan.num_tombstones} tombstoned)" if plan.num_tombstones else ""))
     return {**row, "documents_analysed": analysed, "step_seconds": b.seconds}
@@ -395,19 +406,19 @@ def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: lis
 # ---- 1. analysis -------------------------------------------------------------------------------------------------
 
 
-def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int, bool]:
+def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int, int]:
     """Analyse the documents that have no kept analysis for this analyzer; returns how many documents there are,
-    how many were analysed now, and whether the kept analyses are now exactly those of the current documents."""
+    how many were analysed now, and how many kept analyses are of no current document (stale)."""
     uri = b.uri(tables.DOC_ANALYSIS)
     key = ["doc_id", "content_hash"]
     todo, num_docs = docs.select(*key, "title", "text"), docs.count()
-    new, exact = num_docs, True
+    new, stale = num_docs, 0
     if table_exists(uri):
         # Which documents lack an analysis, on the keys alone; the texts are read for those only.
         done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
         missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
         new = missing.count()
-        exact = done.count() == num_docs - new  # no analysis of a document that changed or left
+        stale = done.count() - (num_docs - new)  # analyses of documents that changed or left since
         if new < num_docs:
             todo = todo.join(_small(missing, new), key)
     b.log(f"analysis: {new} new or changed documents to analyse, {num_docs - new} kept from earlier builds")
@@ -418,7 +429,22 @@ def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int, bool]:
         (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
          .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
         b.log(f"analysis: {new} documents analysed")
-    return num_docs, new, exact
+    return num_docs, new, stale
+
+
+# Kept analyses of documents that changed or left are dropped once they outnumber this share of the corpus (an
+# incremental build that needed one of them finds it missing and builds in full).
+STALE_ANALYSIS_FRACTION = 0.2
+
+
+def compact_analysis(b: Build, stale: int) -> None:
+    """Rewrite this analyzer's kept analyses without those of documents no longer current (one commit)."""
+    docs = b.read(tables.DOCS, b.docs_version).select("doc_id", "content_hash")
+    kept = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).join(
+        docs, ["doc_id", "content_hash"], "left_semi")
+    (kept.write.format("delta").mode("overwrite").option("replaceWhere", f"analyzer_key = '{b.analyzer_key}'")
+     .partitionBy("analyzer_key").save(b.uri(tables.DOC_ANALYSIS)))
+    b.log(f"analysis: dropped {stale} kept analyses of documents that changed or left")
 
 
 def merge_dictionary(b: Build, spelled: DataFrame) -> None:
@@ -504,8 +530,8 @@ def _require_analysis(b: Build, keys: DataFrame, what: str) -> DataFrame:
     joined = b.keep(_analysis_of(b, keys, expected))
     got = joined.count()
     if got != expected:
-        raise RuntimeError(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} {what} (analyzer "
-                           f"{b.analyzer_key}): a row is missing or repeated")
+        raise MissingAnalysis(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} {what} (analyzer "
+                              f"{b.analyzer_key})")
     return joined
 
 

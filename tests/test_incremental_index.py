@@ -159,3 +159,25 @@ def test_a_corpus_whose_every_document_holds_one_term_is_indexed_in_bounded_rows
     assert manifest["num_docs"] == 2500
     hits = searcher.search("common", k=2500)
     assert len(hits) == 2500 and [h.doc_id for h in hits[:2]] == ["c00000", "c00001"]
+
+
+def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_full(nights, tmp_path, spark,
+                                                                                   monkeypatch):
+    from pipelines import spark_index
+
+    _, reference, _, _ = nights
+    monkeypatch.setattr(spark_index, "STALE_ANALYSIS_FRACTION", 0.1)
+    wh = str(tmp_path / "wh")
+    ingest(wh, TINY_DOCS, tmp_path)
+    enrich(wh)
+    build(wh, spark, enrichment=False)
+    build(wh, spark, enrichment=True, tau=TAU)
+    ingest(wh, NIGHT_2, tmp_path, mode="merge")
+    enrich(wh)
+    plain = build(wh, spark, enrichment=False)  # 2 stale analyses (d03's old text, d08) > 0.1 * 13: compacted
+    kept = read_table(f"{wh}/doc_analysis", columns=["doc_id"])["doc_id"].to_pylist()
+    assert sorted(kept) == sorted(d["_id"] for d in NIGHT_2)
+    assert plain["base_version"] is not None  # this one was incremental: it compacted after publishing
+    enriched = build(wh, spark, enrichment=True, tau=TAU)  # its base holds d08, whose analysis is gone
+    assert enriched["base_version"] is None and enriched["segments"] == [enriched["index_version"]]
+    assert_same_index(wh, reference, enriched=True)
