@@ -18,6 +18,9 @@ DEFAULT_CONF = {
     # shuffle partitions from its input (pipelines.spark_index.size_shuffles) unless they are set explicitly.
     "spark.sql.adaptive.enabled": "true",
     "spark.databricks.delta.snapshotPartitions": "2",
+    # Broadcast relations and shuffle files are freed only after a GC finds their plans unreachable; a long build
+    # whose heap rarely fills would otherwise keep every earlier step's broadcast pages.
+    "spark.cleaner.periodicGC.interval": "5min",
 }
 # The share of the machine's memory a local-mode JVM takes as heap: local mode runs every task inside the driver,
 # and the Python workers, this process and the page cache need the rest.

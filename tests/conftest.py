@@ -117,8 +117,12 @@ def tiny_beir(tmp_path_factory) -> Path:
 def spark():
     from pipelines.spark_session import get_spark
 
+    # One JVM serves the whole suite (~100 builds). A hash relation built for a broadcast join holds at least one
+    # memory page (32 MB at this heap by default) until the ContextCleaner frees it after a GC of the plan that
+    # made it: with default pages, broadcasts awaiting their cleanup filled a 2 GB heap. Small pages fit tiny data.
     session = get_spark("local[2]", app_name="sira-tests",
-                        conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "2"})
+                        conf={"spark.driver.memory": "3g", "spark.sql.shuffle.partitions": "2",
+                              "spark.buffer.pageSize": "2m"})
     yield session
     session.stop()
 
