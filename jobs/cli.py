@@ -383,12 +383,9 @@ def compare(
 ):
     """Two TREC runs on a split's judged queries: both means, the difference, the paired randomization test's p
     and per-query wins / losses / ties (each query's two scores go to --output-json)."""
-    from sira_core.datasets import resolve_dataset
-    from sira_core.metrics import paired_comparison, read_trec_run
+    from pipelines.runs import compare_run_files
 
-    qrels = resolve_dataset(dataset).qrels(split)
-    summary = {"dataset": dataset, "split": split, "base_run": str(base_run), "run_file": str(run_file),
-               **paired_comparison(qrels, read_trec_run(base_run), read_trec_run(run_file), metric, permutations, seed)}
+    summary = compare_run_files(dataset, split, base_run, run_file, metric, permutations, seed)
     table = Table(title=f"{dataset} / {split}: {run_file.name} against {base_run.name} ({summary['queries']} queries)")
     for col in ("base", "run", "delta", "p", "wins / losses / ties"):
         table.add_column(col)
