@@ -12,6 +12,7 @@ from sira_core.analysis import NGRAM_SEPARATOR, Analyzer
 from sira_core.program import RetrievalProgram
 
 SNIPPET_WORDS = 40
+SNIPPET_LEAD = 2  # words of context before the first match
 _WORD = re.compile(r"\w+(?:['\u2019]\w+)*")
 
 
@@ -62,6 +63,9 @@ def snippet(text: str, terms: Iterable[str], analyzer: Analyzer, words: int = SN
         count += hits[start + window - 1] - hits[start - 1]
         if count > best_count:
             best, best_count = start, count
+    if best_count:  # start two words before the first match (the window keeps every match it had)
+        first = best + hits[best : best + window].index(1)
+        best = min(max(best, first - SNIPPET_LEAD), len(spans) - window)
     chosen = spans[best : best + window]
     lo = 0 if best == 0 else chosen[0][0]
     hi = len(text) if best + window == len(spans) else chosen[-1][1]
