@@ -387,7 +387,7 @@ def compare(
     and per-query wins / losses / ties (each query's two scores go to --output-json)."""
     from pipelines.runs import compare_run_files
 
-    summary = compare_run_files(dataset, split, base_run, run_file, metric, permutations, seed)
+    summary = compare_run_files(dataset, split, base_run, run_file, metric, permutations=permutations, seed=seed)
     table = Table(title=f"{dataset} / {split}: {run_file.name} against {base_run.name} ({summary['queries']} queries)")
     for col in ("base", "run", "delta", "p", "wins / losses / ties"):
         table.add_column(col)

@@ -17,7 +17,6 @@ from sira_core.metrics import paired_comparison, read_trec_run
 RUNS_FOLDER = "runs"
 INFO_SUFFIX = ".run.json"
 PROGRAMS_SUFFIX = ".programs.jsonl"
-COMPARE_PERMUTATIONS, COMPARE_SEED = 10_000, 0  # `sira compare`'s defaults
 METRIC = re.compile(r"(ndcg|recall|precision|map|mrr|hit_rate)(@[1-9][0-9]{0,3})?")
 
 
@@ -69,14 +68,13 @@ def read_run(warehouse: str, name: str) -> dict[str, dict[str, float]]:
 
 
 def compare_run_files(dataset: str, split: str, base_run: str | Path, run_file: str | Path, metric: str = "ndcg@10",
-                      permutations: int = COMPARE_PERMUTATIONS, seed: int = COMPARE_SEED,
-                      base: dict | None = None, run: dict | None = None) -> dict:
-    """`sira compare`: two TREC runs on the split's judged queries (sira_core.metrics.paired_comparison); `base` /
-    `run`: the runs already read."""
+                      base: dict | None = None, run: dict | None = None, **test) -> dict:
+    """`sira compare`: two TREC runs on the split's judged queries (sira_core.metrics.paired_comparison, `test`: its
+    permutations and seed when not its defaults); `base` / `run`: the runs already read."""
     qrels = resolve_dataset(dataset).qrels(split)
     return {"dataset": dataset, "split": split, "base_run": str(base_run), "run_file": str(run_file),
             **paired_comparison(qrels, base if base is not None else read_trec_run(base_run),
-                                run if run is not None else read_trec_run(run_file), metric, permutations, seed)}
+                                run if run is not None else read_trec_run(run_file), metric, **test)}
 
 
 def comparable(warehouse: str, base: str, run: str) -> tuple[dict, dict]:
