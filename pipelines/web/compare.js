@@ -110,9 +110,9 @@
         + " " + fmt(score, 3) + ")")),
       program(s.program),
       el("ol", {class: "ranking"}, s.hits.map((h) => el("li", {class: h.relevance > 0 ? "relevant" : "", data: {docId: h.doc_id}},
-        el("span", {class: "rank"}, String(h.rank)), relevance(h), " ", el("span", {class: "title"}, h.title || "(no title)"), " ",
-        el("code", {class: "doc-id"}, h.doc_id), theirs.has(h.doc_id) ? null : el("span", {class: "only", title: "not in the other top list"}, " only here"),
-        el("span", {class: "score"}, fmt(h.score, 3))))),
+        el("span", {class: "rank"}, String(h.rank)), relevance(h), el("span", {class: "title", title: h.title}, h.title || "(no title)"),
+        theirs.has(h.doc_id) ? null : el("span", {class: "only", title: "not in the other top list"}, "only here"),
+        el("code", {class: "doc-id"}, h.doc_id), el("span", {class: "score"}, fmt(h.score, 3))))),
       s.hits.length ? null : el("p", {class: "muted"}, "no hits"));
   }
 
