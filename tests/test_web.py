@@ -60,7 +60,7 @@ def call(url: str, path: str, body=None, token: str | None = TOKEN, accept: str 
     return status, json.loads(raw) if is_json else raw.decode(), got
 
 
-def _commit_proposals(warehouse: str, data: Path) -> None:
+def _commit_proposals(warehouse: str) -> None:
     from pipelines.delta_io import read_table
     from pipelines.query_expansion import query_hash
     from pipelines.ray_enrich import commit
@@ -84,20 +84,21 @@ def _commit_proposals(warehouse: str, data: Path) -> None:
 
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory, spark, fake_openai_server):
-    """The tiny corpus (plus MARKUP_DOC) evaluated as bm25 (plain index) and sira (enriched index, the cached
-    expansions): (warehouse, dataset folder, {variant: eval summary})."""
+    """The tiny corpus (plus MARKUP_DOC) with its enrichment, evaluated as doc (the enriched index) and sira (the
+    same index, the cached expansions): (warehouse, dataset folder, {variant: eval summary}). One index build."""
     from jobs import eval as eval_job
+    from jobs import ingest as ingest_job
     from pipelines.llm_backends import BackendConfig
 
     root = tmp_path_factory.mktemp("web")
     data = write_beir_folder(root / "data" / "tiny", docs=TINY_DOCS + [MARKUP_DOC])
     wh = str(root / "tiny")
+    ingest_job.run(ingest_job.IngestConfig(source=str(data), warehouse=wh))
+    _commit_proposals(wh)
     backend = BackendConfig(backend="openai", model="fake-llm", base_url=fake_openai_server.base_url)
-    bm25 = eval_job.run(eval_job.EvalConfig(dataset=str(data), warehouse=wh, variant="bm25", shards=2))
-    _commit_proposals(wh, data)
-    sira = eval_job.run(eval_job.EvalConfig(dataset=str(data), warehouse=wh, variant="sira", shards=2, tau=0.25,
-                                            backend=backend))
-    return wh, data, {"bm25": bm25, "sira": sira}
+    summaries = {variant: eval_job.run(eval_job.EvalConfig(dataset=str(data), warehouse=wh, variant=variant, shards=2,
+                                                           tau=0.25, backend=backend)) for variant in ("doc", "sira")}
+    return wh, data, summaries
 
 
 def _free_port() -> int:
@@ -160,7 +161,7 @@ def test_pages_are_open_and_load_nothing_from_elsewhere(server):
 
 
 def test_json_endpoints_need_the_token(server, evaluated):
-    base, run = run_name(evaluated[2]["bm25"]), run_name(evaluated[2]["sira"])
+    base, run = run_name(evaluated[2]["doc"]), run_name(evaluated[2]["sira"])
     for path, body in (("/search", {"query": "heart"}), ("/runs", None), (f"/compare?base={base}&run={run}", None),
                        (f"/compare/query?base={base}&run={run}&qid=q1", None)):
         for token in (None, "wrong"):
@@ -235,7 +236,7 @@ BAD = [  # (path, body, status, words the error must hold)
 
 @pytest.mark.parametrize("path,body,status,words", BAD, ids=[str(i) for i in range(len(BAD))])
 def test_bad_requests_get_a_clear_4xx(server, evaluated, path, body, status, words):
-    path = path.format(base=run_name(evaluated[2]["bm25"]), run=run_name(evaluated[2]["sira"]))
+    path = path.format(base=run_name(evaluated[2]["doc"]), run=run_name(evaluated[2]["sira"]))
     got, answer, _ = call(server, path, body)
     assert got == status, answer
     if words:
@@ -253,11 +254,11 @@ def test_compare_gives_the_numbers_of_sira_compare(server, evaluated, tmp_path):
     by_variant = {r["variant"]: r for r in body["runs"]}
     assert by_variant["sira"]["metrics"] == summaries["sira"]["metrics"] and by_variant["sira"]["dataset"] == "tiny"
 
-    base, run = run_name(summaries["bm25"]), run_name(summaries["sira"])
+    base, run = run_name(summaries["doc"]), run_name(summaries["sira"])
     status, web, _ = call(server, f"/compare?base={base}&run={run}")
     assert status == 200, web
     out = tmp_path / "compare.json"
-    result = CliRunner().invoke(app, ["compare", summaries["bm25"]["run_file"], summaries["sira"]["run_file"],
+    result = CliRunner().invoke(app, ["compare", summaries["doc"]["run_file"], summaries["sira"]["run_file"],
                                       "-d", str(data), "--output-json", str(out)])
     assert result.exit_code == 0, result.output
     cli = json.loads(out.read_text())
@@ -269,7 +270,7 @@ def test_compare_gives_the_numbers_of_sira_compare(server, evaluated, tmp_path):
 
 
 def test_a_query_in_both_runs(server, evaluated):
-    base, run = run_name(evaluated[2]["bm25"]), run_name(evaluated[2]["sira"])
+    base, run = run_name(evaluated[2]["doc"]), run_name(evaluated[2]["sira"])
     status, body, _ = call(server, f"/compare/query?base={base}&run={run}&qid=q1&k=5")
     assert status == 200, body
     assert body["query"] == "heart attack risk" and [j["doc_id"] for j in body["judged"]] == ["d01", "d02"]
@@ -381,7 +382,7 @@ def test_markup_in_a_query_or_a_document_is_shown_as_text(page, server):
 
 
 def test_compare_view_and_a_query_side_by_side(page, server, evaluated):
-    base, run = run_name(evaluated[2]["bm25"]), run_name(evaluated[2]["sira"])
+    base, run = run_name(evaluated[2]["doc"]), run_name(evaluated[2]["sira"])
     _, web, _ = call(server, f"/compare?base={base}&run={run}")
     signed_in(page, server, "/compare")
     page.wait_for_selector("#summary:not([hidden]) #queries tbody tr")
