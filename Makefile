@@ -33,7 +33,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/sira/wheels
 LLAMA_KEY := $(shell { printf '%s' "$(LLAMA_CMAKE_FLAGS)"; cat $(LLAMA_SKIP_COMMON); } | sha256sum | cut -c1-12)
 LLAMA_WHEELS := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_KEY)
 
-.PHONY: run test env bench clean
+.PHONY: run test env browser bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
@@ -63,7 +63,19 @@ env: $(VENV)/.installed
 run: env
 	$(SIRA) run --dataset $(DATASET) --warehouse $(WAREHOUSE) --output-json $(WAREHOUSE)/run.json
 
-test: env
+# tests/test_web.py drives the pages of `sira serve` in Chromium through Playwright, with Debian's chromium package
+# (Playwright's own browser download is not used): installed here when missing (root, or sudo without a password).
+browser:
+	@if [ -z "$$SIRA_CHROMIUM" ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the browser test (tests/test_web.py)"; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { command -v apt-get >/dev/null 2>&1 && $$sudo apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium >/dev/null; } || \
+	  { echo "make test: the browser test needs Chromium, which could not be installed here: install Debian's" \
+	         "'chromium' package (apt-get install chromium) or set SIRA_CHROMIUM to a Chromium binary" >&2; exit 1; }; \
+	fi
+
+test: env browser
 	$(VENV)/bin/python -m pytest -q -ra
 
 bench: env

@@ -279,7 +279,8 @@ def serve(
     index_version: Optional[int] = typer.Option(None, "--index-version", help="default: the newest published"),
     preset: Optional[str] = typer.Option(None, help="newest index of this preset"),
     api_token_env: Optional[str] = typer.Option(None, "--api-token-env",
-                                                help="env var holding the bearer token /search requires"),
+                                                help="env var holding the bearer token the JSON endpoints require "
+                                                     "(all but /health; the pages ask for it)"),
     max_query_chars: int = typer.Option(2000, "--max-query-chars"),
     max_k: int = typer.Option(1000, "--max-k"),
     max_concurrent: int = typer.Option(32, "--max-concurrent", help="searches in flight; more get 429"),
@@ -296,7 +297,8 @@ def serve(
                                                                         "(default: unless --index-version pins one)"),
     poll_s: float = typer.Option(30.0, "--poll-s", help="seconds between checks for a newer version"),
 ):
-    """Serve POST /search and GET /health over HTTP; shards are held by Ray actors, queried scatter-gather."""
+    """Serve POST /search, GET /health, /runs, /compare over HTTP, and the pages that look inside (/, /compare);
+    shards are held by Ray actors, queried scatter-gather."""
     from jobs import serve as job
 
 
@@ -383,12 +385,9 @@ def compare(
 ):
     """Two TREC runs on a split's judged queries: both means, the difference, the paired randomization test's p
     and per-query wins / losses / ties (each query's two scores go to --output-json)."""
-    from sira_core.datasets import resolve_dataset
-    from sira_core.metrics import paired_comparison, read_trec_run
+    from pipelines.runs import compare_run_files
 
-    qrels = resolve_dataset(dataset).qrels(split)
-    summary = {"dataset": dataset, "split": split, "base_run": str(base_run), "run_file": str(run_file),
-               **paired_comparison(qrels, read_trec_run(base_run), read_trec_run(run_file), metric, permutations, seed)}
+    summary = compare_run_files(dataset, split, base_run, run_file, metric, permutations=permutations, seed=seed)
     table = Table(title=f"{dataset} / {split}: {run_file.name} against {base_run.name} ({summary['queries']} queries)")
     for col in ("base", "run", "delta", "p", "wins / losses / ties"):
         table.add_column(col)

@@ -17,6 +17,7 @@ from pipelines.delta_io import table_version
 from pipelines.llm_backends import BackendConfig
 from pipelines.query_expansion import expand_queries
 from pipelines.rerank import RerankConfig, rerank_run
+from pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
 from pipelines.shard_loader import IndexNotFound, find_index, load_df_table, load_searcher
 from sira_core import tables
 from sira_core.datasets import resolve_dataset
@@ -195,15 +196,15 @@ def run(cfg: EvalConfig) -> dict:
     seconds = time.perf_counter() - started
 
     tag = f"sira-{cfg.preset}-{cfg.variant}"
-    run_path = Path(warehouse) / "runs" / f"{_run_name(cfg, dataset.name, manifest)}.trec"
+    run_path = Path(warehouse) / RUNS_FOLDER / f"{_run_name(cfg, dataset.name, manifest)}.trec"
     write_trec_run(run_hits, run_path, tag)
-    programs_path = run_path.with_suffix(".programs.jsonl")
+    programs_path = run_path.with_suffix(PROGRAMS_SUFFIX)
     programs_path.write_text("".join(programs[q].model_dump_json() + "\n" for q in qids), encoding="utf-8")
     metrics = evaluate_run(qrels, run_hits, DEFAULT_METRICS)
     answers = dataset.answers(cfg.split)
     if answers:  # datasets that carry gold answers: does the answer string appear in the top-k passages?
         metrics.update(_answer_coverage(warehouse, run_hits, answers))
-    return {
+    summary = {
         "dataset": dataset.name,
         "split": cfg.split,
         "preset": cfg.preset,
@@ -218,6 +219,9 @@ def run(cfg: EvalConfig) -> dict:
         "rerank": rerank_summary,
         "queries_per_second": len(queries) / seconds if seconds > 0 else None,
     }
+    # What the run is, beside it: `sira serve`'s compare view lists and compares the runs of a warehouse.
+    summary["info_file"] = str(write_run_info(run_path, summary, cfg.dataset, qids))
+    return summary
 
 
 def _run_name(cfg: EvalConfig, dataset_name: str, manifest: dict) -> str:

@@ -1,15 +1,27 @@
-"""`sira serve`: the online search API over published index versions (aiohttp.web).
+"""`sira serve`: the online search API over published index versions (aiohttp.web), and the pages that look
+inside it (pipelines/web: one plain HTML page with a search and a compare view, CSS and small scripts, served from
+the package; nothing is fetched from elsewhere).
 
-    POST /search  {"query": str, "k": 10, "expand": false, "must": [str], "exclude": [str]}
-                  -> {"hits": [{"doc_id", "score"}], "program": {RetrievalProgram}, "index_version",
-                      "timing_ms": {...}}
+    POST /search  {"query": str, "k": 10, "expand": false, "w": null, "must": [str], "exclude": [str],
+                   "explain": false}
+                  -> {"hits": [{"doc_id", "score"}], "program": {RetrievalProgram}, "index_version", "preset",
+                      "enriched", "proposer", "timing_ms": {...}}; with "explain" (k <= MAX_EXPLAIN_K) each hit
+                      also has "title", "snippet", "contributions" (per term: original / expansion part,
+                      enrichment_only) and "injected" (pipelines.hit_details)
     GET  /health  -> {"status", "index_version", "num_docs", "shards", ...}
+    GET  /runs    -> {"runs": [...]}: the runs `sira eval` / `sira run` wrote in the warehouse (pipelines.runs)
+    GET  /compare?base=RUN&run=RUN[&metric=ndcg@10]  -> `sira compare` of the two runs (the same numbers) with
+                  each query's text; a browser (Accept: text/html) gets the compare page instead
+    GET  /compare/query?base=RUN&run=RUN&qid=Q[&k=10]  -> that query's two rankings, relevance and programs
+    GET  /        the search page;  GET /static/...  its CSS and scripts (no token needed for either)
 
 Shards live in Ray actors (pipelines.shard_actors) and are queried scatter-gather: every actor returns its
 top-k for the compiled query and sira_core.search.merge_ranked merges them by (score desc, doc id asc), so a
 response ranks exactly like the in-process Searcher. Limits answer 4xx JSON `{"error": ...}`: 400 invalid
-request, 401 missing / wrong bearer token (when one is configured; /health stays open for probes), 413 body
-too large, 429 more than `max_concurrent` searches in flight. A request never takes the server down.
+request, 401 missing / wrong bearer token (when one is configured, on every JSON endpoint but /health, which
+stays open for probes; the pages and their static files are open, and ask for the token), 404 unknown run or
+query, 413 body too large, 429 more than `max_concurrent` requests in flight. A request never takes the server
+down.
 
 Unless pinned to a version, the server follows the newest published version of the kind it serves (see
 SearchService): `sira nightly` publishes, the server switches without downtime.
@@ -24,14 +36,17 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Awaitable, Callable
 
 import ray
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipelines.hit_details import hit_details
 from pipelines.llm_backends import BackendConfig
 from pipelines.online_proposer import OnlineProposer
+from pipelines.runs import RunNotFound, compare_runs, list_runs, query_detail
 from sira_core.analysis import Analyzer, AnalyzerConfig
 from sira_core.dfstats import DFTable, query_side_filter
 from sira_core.program import DEFAULT_W, RetrievalProgram
@@ -40,7 +55,18 @@ from sira_core.search import compile_query, merge_ranked
 log = logging.getLogger("sira.serve")
 
 MAX_CONSTRAINTS = 32  # must / exclude entries per request
+MAX_W = 100.0  # the largest expansion weight a request may set
+MAX_EXPLAIN_K = 100  # explaining reads each hit's text and injections from Delta
+MAX_DETAIL_K = 100
 HEALTH_TIMEOUT_S = 10.0
+WEB_DIR = Path(__file__).parent / "web"
+# The pages load only what this server serves: no inline script, nothing from another origin.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 @dataclass(frozen=True)
@@ -64,12 +90,18 @@ class SearchRequest(BaseModel):
     query: str
     k: int = 10
     expand: bool = False
+    w: float | None = Field(None, ge=0, le=MAX_W, description="weight of the expansion part; None: the server's")
     must: list[str] = Field(default_factory=list, max_length=MAX_CONSTRAINTS)
     exclude: list[str] = Field(default_factory=list, max_length=MAX_CONSTRAINTS)
+    explain: bool = False
 
 
 class BadRequest(ValueError):
     """The request is invalid: answered 400 with this message."""
+
+
+class TooLarge(BadRequest):
+    """The body is over the limit: answered 413."""
 
 
 @dataclass
@@ -230,23 +262,40 @@ class SearchService:
             expansion = {"source": proposal.source, "error": proposal.error}
             weights = proposal.weight_of()
         expanded = time.perf_counter()
+        m = index.manifest
         program = RetrievalProgram.build(
-            req.query, index.analyzer, decisions, w=self.w, must=req.must, exclude=req.exclude,
-            proposer=index.proposer.model if req.expand else "", index_version=index.manifest["index_version"],
-            prompt_version=index.proposer.prompt_version if req.expand else None, weights=weights)
+            req.query, index.analyzer, decisions, w=self.w if req.w is None else req.w, must=req.must,
+            exclude=req.exclude, proposer=index.proposer.model if req.expand else "",
+            index_version=m["index_version"], prompt_version=index.proposer.prompt_version if req.expand else None,
+            weights=weights)
         compiled = compile_query(program.parts())
         constraints = [(program.must, program.exclude)]
         per_shard = await asyncio.gather(*(a.top_k.remote([compiled], req.k, constraints) for a in index.actors))
         doc_ids, scores = merge_ranked([ranked[0] for ranked in per_shard], req.k)
+        hits = [{"doc_id": d, "score": s} for d, s in zip(doc_ids.to_pylist(), scores.tolist())]
         scored = time.perf_counter()
         out = {
-            "hits": [{"doc_id": d, "score": s} for d, s in zip(doc_ids.to_pylist(), scores.tolist())],
+            "hits": hits,
             "program": program.model_dump(),
-            "index_version": index.manifest["index_version"],
+            "index_version": m["index_version"], "preset": m["preset"], "enriched": bool(m["enriched"]),
+            "proposer": None if not req.expand else {"backend": index.proposer.backend.backend,
+                                                     "model": index.proposer.model,
+                                                     "prompt_version": index.proposer.prompt_version},
             "timing_ms": {"expansion": (expanded - started) * 1000, "scoring": (scored - expanded) * 1000},
         }
-        if expansion is not None:
+        if expansion is not None:  # df_filter: what each phrase's DFs were held against (keep: 0 < DF <= max_df)
             out["expansion"] = expansion
+            out["df_filter"] = {"tau": self.tau, "num_docs": m["num_docs"], "max_df": self.tau * m["num_docs"]}
+        if req.explain and hits:
+            ids = [h["doc_id"] for h in hits]
+            explained = await asyncio.gather(*(a.contributions.remote(compiled, ids) for a in index.actors))
+            contributions = {d: terms for shard in explained for d, terms in shard.items()}
+            details = await asyncio.get_running_loop().run_in_executor(
+                None, hit_details, self.warehouse, m, index.analyzer, program,
+                {d: contributions.get(d, {}) for d in ids})
+            for h in hits:
+                h.update(details[h["doc_id"]])
+            out["timing_ms"]["explain"] = (time.perf_counter() - scored) * 1000
         return out
 
     async def health(self) -> tuple[int, dict]:
@@ -325,25 +374,52 @@ def parse_search_request(body: bytes, limits: Limits) -> SearchRequest:
     for name, texts in (("must", req.must), ("exclude", req.exclude)):
         if any(len(t) > limits.max_query_chars for t in texts):
             raise BadRequest(f"{name}: an entry is longer than {limits.max_query_chars} characters")
+    if req.explain and req.k > MAX_EXPLAIN_K:
+        raise BadRequest(f"explain: k must be at most {MAX_EXPLAIN_K}, got {req.k}")
     return req
 
 
-async def handle_search(request: web.Request) -> web.Response:
+async def api_call(request: web.Request, work: Callable[[], Awaitable[dict]]) -> web.Response:
+    """A JSON endpoint's answer: the bearer token checked (when one is set), at most `max_concurrent` requests
+    in flight, BadRequest -> 400 (413 for a body over the limit), RunNotFound -> 404."""
     service, limits = request.app[SERVICE], request.app[LIMITS]
     if limits.api_token is not None and (why := _authorized(request, limits.api_token)):
         return error(401, why, {"WWW-Authenticate": "Bearer"})
     if service.in_flight >= limits.max_concurrent:
-        return error(429, f"more than {limits.max_concurrent} searches in flight; retry later", {"Retry-After": "1"})
+        return error(429, f"more than {limits.max_concurrent} requests in flight; retry later", {"Retry-After": "1"})
     service.in_flight += 1
     try:
-        if request.content_length is not None and request.content_length > limits.max_body_bytes:
-            return error(413, f"body is {request.content_length} bytes; the limit is {limits.max_body_bytes}")
-        req = parse_search_request(await request.read(), limits)
-        return web.json_response(await service.search(req))
+        return web.json_response(await work())
+    except TooLarge as exc:
+        return error(413, str(exc))
     except BadRequest as exc:
         return error(400, str(exc))
+    except RunNotFound as exc:
+        return error(404, str(exc))
     finally:
         service.in_flight -= 1
+
+
+async def in_thread(fn: Callable, *args):
+    """Blocking work (files, Delta, ranx) off the event loop; a ValueError is the request's fault (400), a missing
+    file a 404."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    except FileNotFoundError as exc:  # a run's dataset gone from where it was judged
+        raise RunNotFound(str(exc)) from None
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+async def handle_search(request: web.Request) -> web.Response:
+    limits = request.app[LIMITS]
+
+    async def work() -> dict:
+        if request.content_length is not None and request.content_length > limits.max_body_bytes:
+            raise TooLarge(f"body is {request.content_length} bytes; the limit is {limits.max_body_bytes}")
+        return await request.app[SERVICE].search(parse_search_request(await request.read(), limits))
+
+    return await api_call(request, work)
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -351,13 +427,83 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.json_response(body, status=status)
 
 
+async def handle_runs(request: web.Request) -> web.Response:
+    async def work() -> dict:
+        return {"runs": await in_thread(list_runs, request.app[SERVICE].warehouse)}
+
+    return await api_call(request, work)
+
+
+def _params(request: web.Request, *names: str) -> list[str]:
+    missing = [n for n in names if not request.query.get(n, "").strip()]
+    if missing:
+        raise BadRequest(f"missing query parameter(s) {', '.join(missing)}: {request.path}?"
+                         + "&".join(f"{n}=..." for n in names) + " (GET /runs lists the runs)")
+    return [request.query[n] for n in names]
+
+
+def _int_param(request: web.Request, name: str, default: int, top: int) -> int:
+    value = request.query.get(name, str(default))
+    if not value.isdigit() or not 1 <= int(value) <= top:
+        raise BadRequest(f"{name} must be a whole number between 1 and {top}, got {value!r}")
+    return int(value)
+
+
+def _wants_page(request: web.Request) -> bool:
+    """A browser navigating here (it asks for HTML); scripts and other clients get JSON."""
+    return "text/html" in request.headers.get("Accept", "")
+
+
+async def handle_compare(request: web.Request) -> web.StreamResponse:
+    if _wants_page(request):
+        return page()
+
+    async def work() -> dict:
+        base, run = _params(request, "base", "run")
+        return await in_thread(compare_runs, request.app[SERVICE].warehouse, base, run,
+                               request.query.get("metric", "ndcg@10"))
+
+    return await api_call(request, work)
+
+
+async def handle_compare_query(request: web.Request) -> web.Response:
+    async def work() -> dict:
+        base, run, qid = _params(request, "base", "run", "qid")
+        k = _int_param(request, "k", 10, MAX_DETAIL_K)
+        return await in_thread(query_detail, request.app[SERVICE].warehouse, base, run, qid, k)
+
+    return await api_call(request, work)
+
+
+def page() -> web.FileResponse:
+    """The one page: its script shows the search view, or the compare view at /compare."""
+    return web.FileResponse(WEB_DIR / "index.html", headers={"Content-Type": "text/html; charset=utf-8",
+                                                             "Cache-Control": "no-cache"})
+
+
+async def handle_search_page(_: web.Request) -> web.StreamResponse:
+    return page()
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler) -> web.StreamResponse:
+    response = await handler(request)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
 def build_app(service: SearchService, limits: Limits, poll_s: float = 30.0) -> web.Application:
     """The HTTP app; a following service polls for newer published versions every `poll_s` seconds."""
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[json_errors])
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[security_headers, json_errors])
     app[SERVICE] = service
     app[LIMITS] = limits
     app.router.add_post("/search", handle_search)
     app.router.add_get("/health", handle_health)
+    app.router.add_get("/runs", handle_runs)
+    app.router.add_get("/compare", handle_compare)
+    app.router.add_get("/compare/query", handle_compare_query)
+    app.router.add_get("/", handle_search_page)
+    app.router.add_static("/static/", WEB_DIR, append_version=False)
 
     async def on_startup(_: web.Application) -> None:
         # The proposer's HTTP session / model thread belong to the serving event loop.

@@ -32,6 +32,11 @@ class ShardActor:
         return [(self.shard.doc_ids.take(pa.array(ords[i, : counts[i]])), scores[i, : counts[i]])
                 for i in range(len(queries))]
 
+    def contributions(self, query: WeightedQuery, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Per-term contributions (ShardIndex.contributions) of those of `doc_ids` this shard holds."""
+        return {self.shard.doc_ids[int(o)].as_py(): self.shard.contributions(int(o), query)
+                for o in self.shard.ords_of(doc_ids)}
+
 
 def start_shard_actors(warehouse: str, manifest: dict) -> list:
     actors = [ShardActor.remote(warehouse, manifest, s) for s in range(manifest["num_shards"])]

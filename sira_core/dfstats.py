@@ -128,7 +128,7 @@ class DFTable:
 class ExpansionDecision:
     phrase: str
     kept: bool
-    reason: str  # kept | unseen | too common | no terms
+    reason: str  # kept | unseen | too common | no terms | duplicate
     terms: tuple[str, ...]
     dfs: tuple[int, ...]
 
@@ -140,21 +140,25 @@ def query_side_filter(
     num_docs: int,
     tau: float,
 ) -> list[ExpansionDecision]:
-    """Keep a phrase when ANY of its sub-n-grams has 0 < DF <= tau*|C| in the (enriched) index."""
+    """Keep a phrase when ANY of its sub-n-grams has 0 < DF <= tau*|C| in the (enriched) index. A phrase with the
+    same index terms as an earlier one ("Heart attacks" after "heart attack") is a duplicate: counted once."""
     limit = tau * num_docs
     terms_of = {p: tuple(analyzer.terms(p)) for p in phrases}
     dfs = df_lookup(sorted({t for ts in terms_of.values() for t in ts}))
-    out = []
+    out, seen = [], set()
     for phrase in phrases:
         terms = terms_of[phrase]
         term_dfs = tuple(dfs.get(t, 0) for t in terms)
         if not terms:
             reason = "no terms"
+        elif terms in seen:
+            reason = "duplicate"
         elif any(0 < df <= limit for df in term_dfs):
             reason = "kept"
         elif not any(term_dfs):
             reason = "unseen"
         else:
             reason = "too common"
+        seen.add(terms)
         out.append(ExpansionDecision(phrase, reason == "kept", reason, terms, term_dfs))
     return out

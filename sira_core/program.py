@@ -27,7 +27,7 @@ class Expansion(BaseModel):
 
     phrase: str
     kept: bool
-    reason: str = Field(description="kept | unseen | too common | no terms")
+    reason: str = Field(description="kept | unseen | too common | no terms | duplicate")
     terms: list[str]
     dfs: list[int] = Field(default_factory=list, description="DF of each term in the index")
     weight: float = Field(1.0, gt=0, description="the proposer's confidence, multiplied by w")

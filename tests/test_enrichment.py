@@ -100,3 +100,16 @@ def test_query_side_filter_worked_example():
         ("heart attack", True, "kept"), ("blood pressure", False, "too common"),
         ("zebrafish", False, "unseen"), ("the of", False, "no terms")]
     assert decisions[0].dfs == (5, 3, 1)
+
+
+def test_a_phrase_with_the_terms_of_an_earlier_one_is_a_duplicate():
+    from sira_core.dfstats import DFTable, query_side_filter
+    from sira_core.hashing import term_id
+
+    analyzer = Analyzer(AnalyzerConfig(max_n=2))  # Snowball: "attacks" stems like "attack"
+    df = {"heart": 1, "attack": 1, "heart attack": 1}
+    table = DFTable(np.array([term_id(t) for t in df]), np.array(list(df.values())), num_docs=20)
+    decisions = query_side_filter(["heart attack", "Heart attacks!", "zebrafish", "zebrafish"], analyzer,
+                                  table.lookup, num_docs=20, tau=0.1)
+    assert [(d.kept, d.reason) for d in decisions] == [(True, "kept"), (False, "duplicate"), (False, "unseen"),
+                                                       (False, "duplicate")]
