@@ -21,6 +21,7 @@ from pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
 from pipelines.shard_loader import IndexNotFound, find_index, load_df_table, load_searcher
 from sira_core import tables
 from sira_core.datasets import resolve_dataset
+from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 from sira_core.enrichment import task_for_dataset
 from sira_core.program import RetrievalProgram, expansion_program
 from sira_core.rerank import RERANK_VARIANT
@@ -41,10 +42,10 @@ class EvalConfig(BaseModel):
                             "index; sira: both sides; sira+rerank: sira, then an LLM judges its top-k (not a "
                             "single call)")
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
-    shards: int = Field(4, ge=1)
-    tau: float = Field(0.05, gt=0, le=1)
+    shards: int = Field(DEFAULT_SHARDS, ge=1)
+    tau: float = Field(DEFAULT_TAU, gt=0, le=1)
     depth: int = Field(1000, ge=100, description="hits kept per query (the TREC run depth)")
-    spark_master: str = "local[*]"
+    spark_master: str = DEFAULT_SPARK_MASTER
     w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
     task: str | None = Field(None, description="prompt task; default: chosen from the dataset name")
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
@@ -86,7 +87,7 @@ class EvalConfig(BaseModel):
 
 
 def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, spark_master: str,
-                 enriched: bool = False, tau: float = 0.05, doc_backend: BackendConfig | None = None,
+                 enriched: bool = False, tau: float = DEFAULT_TAU, doc_backend: BackendConfig | None = None,
                  task: str | None = None) -> dict:
     """The newest index of `preset` built from the current docs (and enrichment) tables; ingests, enriches
     (incrementally, with `doc_backend`) and indexes what is missing or stale."""
@@ -133,7 +134,7 @@ def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, 
     except IndexNotFound:
         console.log(f"no {preset} index {'with' if enriched else 'without'} enrichment in {warehouse}: building one")
     index_job.run(index_job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
-                                        enrichment=enriched, tau=tau if enriched else 0.05, enrichment_model=model,
+                                        enrichment=enriched, tau=tau if enriched else DEFAULT_TAU, enrichment_model=model,
                                         enrichment_prompt_version=prompt_version))
     return find_index(warehouse, preset=preset, enriched=enriched)
 

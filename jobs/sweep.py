@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from jobs.progress import console
 from pipelines.llm_backends import BackendConfig
 from pipelines.tracking import Tracker, TrackingConfig
+from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER
 
 SWEEPABLE = ("tau", "w", "n")
 
@@ -31,8 +32,8 @@ class SweepConfig(BaseModel):
     metric: str = "ndcg@10"
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"))
     doc_backend: BackendConfig | None = None
-    shards: int = Field(4, ge=1)
-    spark_master: str = "local[*]"
+    shards: int = Field(DEFAULT_SHARDS, ge=1)
+    spark_master: str = DEFAULT_SPARK_MASTER
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @field_validator("grid")

@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sira_core.defaults import DEFAULT_OPENAI_BASE_URL
 from sira_core.enrichment import JSON_SCHEMA
 from sira_core.proposers import EncoderProposerConfig
 
@@ -40,7 +41,7 @@ class BackendConfig(BaseModel):
 
     backend: Literal["openai", "vllm", "local", "encoder"] = "local"
     model: str | None = Field(None, description="model id / path; local: a GGUF path or a packaged model name")
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="openai: the endpoint's /v1 base URL")
+    base_url: str = Field(DEFAULT_OPENAI_BASE_URL, description="openai: the endpoint's /v1 base URL")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the key")
     temperature: float = Field(0.4, ge=0)
     seed: int = 42

@@ -25,6 +25,7 @@ from pipelines.delta_io import merge_rows, read_table, table_exists
 from pipelines.llm_backends import BackendConfig, OpenAIClient, openai_request
 from pipelines.query_expansion import query_hash
 from sira_core import tables
+from sira_core.defaults import DEFAULT_OPENAI_BASE_URL
 from sira_core.enrichment import document_input
 from sira_core.rerank import RERANK_DEPTH, RERANK_JSON_SCHEMA, load_rerank_template, parse_score, render_judgment, \
     rerank_order
@@ -36,7 +37,7 @@ RERANK_MAX_TOKENS = 16
 RERANK_GBNF = r'root ::= "{\"score\": " ("100" | [1-9] [0-9] | [0-9]) "}"'
 
 
-def judge_backend(backend: str, model: str | None = None, base_url: str = "http://127.0.0.1:8000/v1",
+def judge_backend(backend: str, model: str | None = None, base_url: str = DEFAULT_OPENAI_BASE_URL,
                   **kwargs) -> BackendConfig:
     """A BackendConfig for judging: the reference's temperature 0 and a short output unless told otherwise."""
     return BackendConfig(backend=backend, model=model, base_url=base_url,

@@ -48,6 +48,7 @@ from pipelines.llm_backends import BackendConfig
 from pipelines.online_proposer import OnlineProposer
 from pipelines.runs import RunNotFound, compare_runs, list_runs, query_detail
 from sira_core.analysis import Analyzer, AnalyzerConfig
+from sira_core.defaults import DEFAULT_TAU
 from sira_core.dfstats import DFTable, query_side_filter
 from sira_core.program import DEFAULT_W, RetrievalProgram
 from sira_core.search import compile_query, merge_ranked
@@ -131,7 +132,7 @@ class SearchService:
     backend: BackendConfig | None = None
     task: str = "generic"
     w: float = DEFAULT_W
-    tau: float = 0.05
+    tau: float = DEFAULT_TAU
     follow: bool = False
     in_flight: int = field(default=0, init=False)
     switches: list = field(default_factory=list, init=False)  # [{"from", "to", "at"}]
@@ -139,7 +140,7 @@ class SearchService:
 
     @classmethod
     def start(cls, warehouse: str, index_version: int | None = None, preset: str | None = None,
-              backend: BackendConfig | None = None, task: str = "generic", w: float = DEFAULT_W, tau: float = 0.05,
+              backend: BackendConfig | None = None, task: str = "generic", w: float = DEFAULT_W, tau: float = DEFAULT_TAU,
               ray_address: str | None = None, actors: list | None = None, follow: bool = False) -> "SearchService":
         """Find the index version, start one actor per shard (or use `actors`), load what expansion needs."""
         from pipelines.ray_enrich import init_ray

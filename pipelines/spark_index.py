@@ -42,6 +42,7 @@ from pyspark.storagelevel import StorageLevel
 from pipelines.delta_io import read_table, table_exists, table_version
 from sira_core import tables
 from sira_core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, TermSet, index_text
+from sira_core.defaults import DEFAULT_TAU
 from sira_core.dfstats import phrase_candidates
 from sira_core.hashing import TERM_ID_SCHEME, doc_hash, term_id
 from sira_core.presets import IndexPreset
@@ -223,7 +224,7 @@ class EnrichmentChoice:
     """Which enrichment rows an index injects: by default each document's newest successful one for its
     current content; `model` / `prompt_version` narrow that down."""
 
-    tau: float = 0.05
+    tau: float = DEFAULT_TAU
     model: str | None = None
     prompt_version: str | None = None
 

@@ -7,6 +7,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from sira_core.defaults import DEFAULT_SPARK_MASTER
+
 DEFAULT_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -33,7 +35,7 @@ def local_driver_memory() -> str:
     return f"{max(1, int(total * LOCAL_HEAP_SHARE) >> 30)}g"
 
 
-def get_spark(master: str = "local[*]", app_name: str = "sira", conf: dict[str, str] | None = None) -> SparkSession:
+def get_spark(master: str = DEFAULT_SPARK_MASTER, app_name: str = "sira", conf: dict[str, str] | None = None) -> SparkSession:
     from delta import configure_spark_with_delta_pip
 
     # Python workers must run the interpreter that has sira installed (the job's own venv in local mode).

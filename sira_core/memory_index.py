@@ -10,6 +10,7 @@ import numpy as np
 
 from sira_core.analysis import Analyzer, index_text, ngrams
 from sira_core.bm25 import CorpusStats, ShardIndex
+from sira_core.defaults import DEFAULT_TAU
 from sira_core.dfstats import corpus_side_filter
 from sira_core.hashing import shard_of, term_id
 from sira_core.presets import IndexPreset
@@ -17,7 +18,7 @@ from sira_core.search import Searcher
 
 
 def build_searcher(docs: Iterable[tuple[str, str, str]], preset: IndexPreset, num_shards: int = 1,
-                   phrases: Mapping[str, Sequence[str]] | None = None, tau: float = 0.05) -> Searcher:
+                   phrases: Mapping[str, Sequence[str]] | None = None, tau: float = DEFAULT_TAU) -> Searcher:
     """With `phrases` (doc_id -> proposed phrases), the corpus-side filter and injection of the Spark build:
     a phrase enters its document unless already there or too common in the original corpus (DF > tau*|C|)."""
     analyzer = Analyzer(preset.analyzer)

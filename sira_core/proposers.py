@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sira_core.analysis import NGRAM_SEPARATOR, Analyzer
+from sira_core.defaults import DEFAULT_TAU
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class EncoderProposerConfig(BaseModel):
     min_similarity: float = Field(0.2, ge=-1, lt=1, description="cosine below which nothing is proposed")
     entries: Literal["unigram", "bigram"] = Field(
         "bigram", description="vocabulary entries: analysed unigrams, or unigrams and bigrams")
-    vocabulary_tau: float = Field(0.05, gt=0, le=1, description="entries have 1 <= DF <= vocabulary_tau*|C|")
+    vocabulary_tau: float = Field(DEFAULT_TAU, gt=0, le=1, description="entries have 1 <= DF <= vocabulary_tau*|C|")
     min_bigram_df: int = Field(2, ge=1, description="bigram entries seen in fewer docs are noise")
     max_tokens: int = Field(256, ge=8, le=512, description="encoder input length (all-MiniLM-L6-v2 was trained on 256)")
 
