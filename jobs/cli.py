@@ -14,6 +14,7 @@ from rich.table import Table
 
 from jobs.progress import console
 from jobs.run import StageFailed
+from sira_core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (jobs.progress.console)
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
@@ -34,12 +35,15 @@ def ingest(
     warehouse: str = Warehouse,
     merge: bool = typer.Option(False, "--merge", help="MERGE into the current docs table (inserts, updates, deletes "
                                                       "by content hash) instead of replacing it"),
+    task: Optional[str] = typer.Option(None, help="prompt task recorded for this warehouse (default: the BEIR "
+                                                  "dataset's, else the one recorded before, else generic)"),
     output_json: Optional[Path] = OutputJson,
 ):
     """Validate a corpus and write the Delta `docs` table; bad records go to `rejected` with the reason."""
     from jobs import ingest as job
 
-    summary = job.run(job.IngestConfig(source=source, warehouse=warehouse, mode="merge" if merge else "replace"))
+    summary = job.run(job.IngestConfig(source=source, warehouse=warehouse, mode="merge" if merge else "replace",
+                                       task=task))
     console.print(
         f"read {summary['read']}  kept {summary['kept']}  rejected {summary['rejected']}"
         + (f"  {summary['rejected_by_reason']}" if summary["rejected"] else "")
@@ -48,7 +52,7 @@ def ingest(
     _write_json(summary, output_json)
 
 
-def _backend(backend: str, model: str | None = None, base_url: str = "http://127.0.0.1:8000/v1",
+def _backend(backend: str, model: str | None = None, base_url: str = DEFAULT_OPENAI_BASE_URL,
              proposals: int | None = None, entries: str | None = None, **kwargs):
     """A BackendConfig from command-line options; --proposals / --entries set the encoder proposer."""
     from pipelines.llm_backends import BackendConfig
@@ -84,7 +88,7 @@ def enrich(
     model: Optional[str] = typer.Option(None, help="model id (openai/vllm) or GGUF path / packaged name (local)"),
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
     max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
@@ -143,11 +147,11 @@ def enrich(
 def index(
     warehouse: str = Warehouse,
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
-    shards: int = typer.Option(4, help="number of doc shards"),
-    spark_master: str = typer.Option("local[*]", "--spark-master", help="Spark master URL"),
+    shards: int = typer.Option(DEFAULT_SHARDS, help="number of doc shards"),
+    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help="Spark master URL"),
     enrichment: Optional[bool] = typer.Option(None, "--enrichment/--no-enrichment",
                                               help="inject enrichment phrases (default: when the warehouse has them)"),
-    tau: float = typer.Option(0.05, help="corpus-side DF filter: drop phrases whose min DF > tau*|C|"),
+    tau: float = typer.Option(DEFAULT_TAU, help="corpus-side DF filter: drop phrases whose min DF > tau*|C|"),
     full: bool = typer.Option(False, "--full", help="one segment with every document instead of a new segment on "
                                                     "top of the newest version of the same kind"),
     output_json: Optional[Path] = OutputJson,
@@ -176,10 +180,10 @@ def search(
     expand: bool = typer.Option(False, "--expand", help="add the LLM's expected-response sketch (DF-validated)"),
     backend: str = typer.Option("encoder", help="--expand: encoder | local | openai"),
     model: Optional[str] = typer.Option(None, help="--expand: model"),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="--expand, openai: endpoint"),
-    task: Optional[str] = typer.Option(None, help="--expand: prompt task (default: from the warehouse name)"),
-    w: Optional[float] = typer.Option(None, help="--expand: weight of the expansion part (default: the proposer's)"),
-    tau: float = typer.Option(0.05, help="--expand: query-side DF filter"),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="--expand, openai: endpoint"),
+    task: Optional[str] = typer.Option(None, help="--expand: prompt task (default: the one recorded at ingest)"),
+    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="--expand: weight of the expansion part (default: the proposer's)"),
+    tau: float = typer.Option(DEFAULT_TAU, help="--expand: query-side DF filter"),
     explain: bool = typer.Option(False, "--explain", help="show each hit's per-term contributions"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
@@ -201,10 +205,10 @@ def search(
             from pipelines.online_proposer import propose_once
             from pipelines.shard_loader import load_df_table
             from sira_core.dfstats import query_side_filter
-            from sira_core.enrichment import task_for_dataset
+            from pipelines.warehouse_info import warehouse_task
 
             cfg = _backend(backend, model, base_url)
-            proposal = propose_once(warehouse, cfg, task or task_for_dataset(Path(warehouse).name), text, manifest)
+            proposal = propose_once(warehouse, cfg, warehouse_task(warehouse, task), text, manifest)
             if proposal.error:
                 console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {proposal.error}")
             decisions = query_side_filter(proposal.phrases, searcher.analyzer, load_df_table(warehouse, manifest).lookup,
@@ -248,12 +252,12 @@ def query(
     expand: bool = typer.Option(True, "--expand/--no-expand", help="query-side expansion"),
     backend: str = typer.Option("encoder", help="encoder | local | openai | vllm"),
     model: Optional[str] = typer.Option(None),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url"),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url"),
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
-    task: str = typer.Option("generic"),
-    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
-    tau: float = typer.Option(0.05),
+    task: Optional[str] = typer.Option(None, help="prompt task (default: the one recorded at ingest)"),
+    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
+    tau: float = typer.Option(DEFAULT_TAU),
     index_version: Optional[int] = typer.Option(None, "--index-version"),
     batch_size: int = typer.Option(256, "--batch-size", help="queries per scoring round and per runs-table commit"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address"),
@@ -287,11 +291,11 @@ def serve(
     backend: Optional[str] = typer.Option(None, help="query-side proposer for expand: encoder | openai | local "
                                                      "(default: none)"),
     model: Optional[str] = typer.Option(None, help="query-side model"),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
     timeout_s: float = typer.Option(10.0, "--timeout-s", help="openai: per-attempt timeout of an expansion"),
-    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
-    tau: float = typer.Option(0.05, help="query-side DF filter"),
-    task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),
+    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
+    tau: float = typer.Option(DEFAULT_TAU, help="query-side DF filter"),
+    task: Optional[str] = typer.Option(None, help="prompt task (default: the one recorded at ingest)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     follow: Optional[bool] = typer.Option(None, "--follow/--no-follow", help="switch to newer published versions "
                                                                         "(default: unless --index-version pins one)"),
@@ -335,19 +339,19 @@ def eval_(
     split: str = typer.Option("test"),
     variant: str = typer.Option("bm25", help="bm25 | doc (corpus side) | query (query side) | sira (both) | "
                                              "sira+rerank (sira, then an LLM judges its top-k; needs --rerank-backend)"),
-    tau: float = typer.Option(0.05),
-    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
+    tau: float = typer.Option(DEFAULT_TAU),
+    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the dataset name)"),
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend",
                                               help="corpus-side proposer: enrich with it first (default: index the warehouse's enrichment; encoder when none)"),
     model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
-    shards: int = typer.Option(4),
-    spark_master: str = typer.Option("local[*]", "--spark-master"),
+    shards: int = typer.Option(DEFAULT_SHARDS),
+    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master"),
     rerank_backend: Optional[str] = RerankBackend,
     rerank_model: Optional[str] = RerankModel,
     rerank_depth: int = RerankDepth,
@@ -415,13 +419,13 @@ def run(
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer (default: --backend)"),
     model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
-    tau: float = typer.Option(0.05),
-    w: Optional[float] = typer.Option(None, help="weight of the expansion part (default: the proposer's)"),
-    shards: int = typer.Option(4),
-    spark_master: str = typer.Option("local[*]", "--spark-master"),
+    tau: float = typer.Option(DEFAULT_TAU),
+    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
+    shards: int = typer.Option(DEFAULT_SHARDS),
+    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master"),
     tracking_uri: Optional[str] = TrackingUri,
     experiment: str = typer.Option("sira", help="MLflow experiment"),
     tracking: bool = typer.Option(True, "--tracking/--no-tracking", help="log to MLflow"),
@@ -469,8 +473,8 @@ def sweep(
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer"),
     model: Optional[str] = typer.Option(None),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url"),
-    shards: int = typer.Option(4),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url"),
+    shards: int = typer.Option(DEFAULT_SHARDS),
     tracking_uri: Optional[str] = TrackingUri,
     experiment: str = typer.Option("sira", help="MLflow experiment"),
     output_json: Optional[Path] = OutputJson,
@@ -504,17 +508,17 @@ def nightly(
     enrichment: bool = typer.Option(True, "--enrichment/--no-enrichment",
                                     help="enrich and publish the enriched index; --no-enrichment: the plain index"),
     model: Optional[str] = typer.Option(None, help="LLM model"),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
                                                                          "backend's, llm_backends.BATCH_SIZES)"),
     concurrency: Optional[int] = typer.Option(None, help="LLM engine replicas (vllm: one per GPU; default: local "
                                                          "one per CPU core, the others 1)"),
-    task: Optional[str] = typer.Option(None, help="prompt task (default: from the warehouse folder's name)"),
+    task: Optional[str] = typer.Option(None, help="prompt task (default: the one recorded at ingest)"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
-    shards: int = typer.Option(4),
-    tau: float = typer.Option(0.05, help="corpus-side DF filter"),
-    spark_master: str = typer.Option("local[*]", "--spark-master", help="Spark master URL"),
+    shards: int = typer.Option(DEFAULT_SHARDS),
+    tau: float = typer.Option(DEFAULT_TAU, help="corpus-side DF filter"),
+    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help="Spark master URL"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     keep_days: float = typer.Option(7.0, "--keep-days", help="delete index versions older than this (the newest "
                                                              "of each kind stays)"),
@@ -600,7 +604,20 @@ def proposals_import(
     _write_json(summary, output_json)
 
 
+# Old spellings still accepted for one release, with a warning (`--w` was one letter away from `-w`, the warehouse).
+DEPRECATED_FLAGS = {"--w": "--expansion-weight"}
+
+
+def warn_deprecated_flags(argv: list[str]) -> None:
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in DEPRECATED_FLAGS:
+            console.print(f"[yellow]warning:[/yellow] {flag} is deprecated and will be removed in the next release: "
+                          f"use {DEPRECATED_FLAGS[flag]}")
+
+
 def main() -> None:
+    warn_deprecated_flags(sys.argv[1:])
     try:
         app()
     except (ValidationError, FileNotFoundError, LookupError, ValueError, ConnectionError, StageFailed) as exc:

@@ -19,6 +19,7 @@ from jobs.progress import console
 from pipelines.llm_backends import BackendConfig
 from pipelines.rerank import RerankConfig
 from pipelines.tracking import Tracker, TrackingConfig
+from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 from sira_core.rerank import RERANK_VARIANT
 
 VARIANTS = ("bm25", "doc", "query", "sira")  # the single-call variants, run by default
@@ -55,11 +56,11 @@ class RunConfig(BaseModel):
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
                                    description="query-side proposer")
     doc_backend: BackendConfig | None = Field(None, description="corpus-side proposer (default: the query side's)")
-    tau: float = Field(0.05, gt=0, le=1)
+    tau: float = Field(DEFAULT_TAU, gt=0, le=1)
     w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
-    shards: int = Field(4, ge=1)
+    shards: int = Field(DEFAULT_SHARDS, ge=1)
     depth: int = Field(1000, ge=100)
-    spark_master: str = "local[*]"
+    spark_master: str = DEFAULT_SPARK_MASTER
     task: str | None = None
     rerank: RerankConfig | None = Field(None, description="the LLM reranker of the sira+rerank variant (only when "
                                                           "that variant is named)")
@@ -87,7 +88,7 @@ class RunConfig(BaseModel):
         parts = ["sira run", f"--dataset {self.dataset}"]
         default = RunConfig()
         for name, flag in (("warehouse", "--warehouse"), ("preset", "--preset"), ("split", "--split"),
-                           ("tau", "--tau"), ("w", "--w"), ("shards", "--shards")):
+                           ("tau", "--tau"), ("w", "--expansion-weight"), ("shards", "--shards")):
             if getattr(self, name) != getattr(default, name):
                 parts.append(f"{flag} {getattr(self, name)}")
         if self.variants != default.variants:

@@ -94,3 +94,14 @@ def test_search_expand_through_an_openai_compatible_server(tmp_path, tiny_beir, 
     expansions = {e["phrase"]: e["reason"] for e in out["program"]["expansions"]}
     assert expansions == {"coffee drinking": "kept", "zebrafish": "unseen"}
     assert out["program"]["w"] == 0.5 and out["hits"][0]["doc_id"] == "d09"
+
+
+def test_the_expansion_weight_flag_no_longer_sits_beside_the_warehouse_flag(tmp_path):
+    # `--w` (the old spelling) still parses, with a warning; `-w` is only ever the warehouse.
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "search", "x", "-w", str(tmp_path), "--w", "0.3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no published index" in proc.stderr
+    assert "--w is deprecated" in proc.stderr and "--expansion-weight" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "search", "x", "-w", str(tmp_path),
+                           "--expansion-weight", "0.3"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "deprecated" not in proc.stderr
