@@ -17,7 +17,7 @@ class EnrichConfig(BaseModel):
 
     warehouse: str
     backend: BackendConfig = Field(default_factory=BackendConfig)
-    task: str | None = Field(None, description="prompt task; default: chosen from the dataset name, else generic")
+    task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
     max_n: int = Field(3, ge=1, le=4, description="longest phrase, in words")
     commit_every: int = Field(COMMIT_EVERY, gt=0, description="most rows per Delta commit (the most a killed job "
                                                               "can lose)")
@@ -48,9 +48,10 @@ def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | Non
 def run(cfg: EnrichConfig, on_commit: Callable[[dict], None] = lambda stats: None) -> dict:
     """Enrich what the warehouse lacks; `on_commit` gets each Delta commit's statistics (ProposalWriter.write)."""
     from pipelines.ray_enrich import docs_to_enrich, enrich, init_ray
-    from sira_core.enrichment import load_template, task_for_dataset
+    from pipelines.warehouse_info import warehouse_task
+    from sira_core.enrichment import load_template
 
-    task = cfg.task or task_for_dataset(_dataset_name(cfg.warehouse))
+    task = warehouse_task(cfg.warehouse, cfg.task)
     template = load_template("doc", task)
     model = cfg.backend.model_id()
     version = cfg.backend.proposal_version(template.version)
@@ -89,6 +90,3 @@ def run(cfg: EnrichConfig, on_commit: Callable[[dict], None] = lambda stats: Non
         "backend": cfg.backend.backend,
     }
 
-
-def _dataset_name(warehouse: str) -> str:
-    return warehouse.rstrip("/").split("/")[-1]

@@ -20,12 +20,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jobs.progress import progress_bar
 from pipelines.delta_io import table_exists, table_version, write_stream
+from pipelines.warehouse_info import task_at_ingest
 from sira_core import tables
 from sira_core.datasets import RecordError, parse_record, resolve_corpus
+from sira_core.enrichment import TASKS
 
 
 class IngestConfig(BaseModel):
@@ -40,6 +42,16 @@ class IngestConfig(BaseModel):
     max_delete_fraction: float = Field(
         0.5, ge=0, le=1, description="merge: refuse (and roll back) a snapshot that deletes more than this share of "
                                      "the current docs: a truncated or wrong file must not empty the corpus; 1: no limit")
+    task: str | None = Field(None, description="the prompt task recorded for this warehouse (enrich, query expansion "
+                                               "and serve read it); default: the dataset's when the source is a BEIR "
+                                               "dataset, else the one recorded before, else generic")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str | None) -> str | None:
+        if task is not None and task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        return task
 
 
 def reason_kind(reason: str) -> str:
@@ -222,4 +234,6 @@ def _ingest(cfg: IngestConfig, spool: Path) -> dict:
     }
     if changes is not None:
         summary["changes"] = changes
+    dataset = snapshot.source.name if snapshot.source.kind == "beir" else None
+    summary["task"] = task_at_ingest(cfg.warehouse, cfg.task, dataset, cfg.source)
     return summary

@@ -27,6 +27,7 @@ from jobs.run import StageFailed
 from pipelines.llm_backends import BackendConfig
 from pipelines.ray_enrich import COMMIT_EVERY
 from pipelines.tracking import Tracker, TrackingConfig
+from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 
 
 class NightlyConfig(BaseModel):
@@ -38,11 +39,11 @@ class NightlyConfig(BaseModel):
                                    description="corpus-side proposer")
     enrichment: bool = Field(True, description="enrich new or changed documents and publish the enriched index; "
                                                "False: publish the plain index only")
-    task: str | None = Field(None, description="prompt task; default: chosen from the warehouse folder's name")
+    task: str | None = Field(None, description="prompt task, recorded for the warehouse; default: the one recorded at ingest")
     preset: str = "sira"
-    shards: int = Field(4, ge=1, le=4096)
-    tau: float = Field(0.05, gt=0, le=1, description="corpus-side DF filter")
-    spark_master: str = "local[*]"
+    shards: int = Field(DEFAULT_SHARDS, ge=1, le=4096)
+    tau: float = Field(DEFAULT_TAU, gt=0, le=1, description="corpus-side DF filter")
+    spark_master: str = DEFAULT_SPARK_MASTER
     ray_address: str | None = None
     keep_days: float = Field(7.0, ge=0, description="index versions older than this are deleted (the newest of "
                                                     "each kind is always kept)")
@@ -76,7 +77,7 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
     with tracker.run(f"nightly {cfg.warehouse}", params=cfg,
                      tags={"sira.job": "nightly", "sira.warehouse": cfg.warehouse}) as parent_id:
         ingest = step("ingest", lambda: ingest_job.run(ingest_job.IngestConfig(
-            source=cfg.source, warehouse=cfg.warehouse, mode="merge", max_delete_fraction=cfg.max_delete_fraction)),
+            source=cfg.source, warehouse=cfg.warehouse, mode="merge", max_delete_fraction=cfg.max_delete_fraction, task=cfg.task)),
             lambda s: {**s["changes"], "read": s["read"], "rejected": s["rejected"]})
         changes = ingest["changes"]
         console.log(f"ingest: {changes['inserted']} inserted, {changes['updated']} updated, {changes['deleted']} "

@@ -19,8 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobs.progress import console, progress_bar
 from pipelines.delta_io import merge_rows, read_table, table_exists
 from pipelines.llm_backends import BackendConfig
+from pipelines.warehouse_info import warehouse_task
 from sira_core import tables
 from sira_core.datasets import iter_lines
+from sira_core.defaults import DEFAULT_TAU
 from sira_core.metrics import write_trec_run
 
 
@@ -34,9 +36,9 @@ class QueryConfig(BaseModel):
     k: int = Field(1000, ge=1, le=10_000)
     expand: bool = True
     backend: BackendConfig = Field(default_factory=BackendConfig)
-    task: str = "generic"
+    task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
     w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
-    tau: float = Field(0.05, gt=0, le=1)
+    tau: float = Field(DEFAULT_TAU, gt=0, le=1)
     index_version: int | None = None
     preset: str | None = None
     batch_size: int = Field(256, gt=0, description="queries per scoring round and per runs-table commit")
@@ -108,7 +110,7 @@ def run(cfg: QueryConfig) -> dict:
         proposals = {q: Proposal([], []) for q in todo}
         if cfg.expand:
             with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
-                proposals, expansion = expand_queries(cfg.warehouse, todo, cfg.task, cfg.backend, cfg.ray_address,
+                proposals, expansion = expand_queries(cfg.warehouse, todo, warehouse_task(cfg.warehouse, cfg.task), cfg.backend, cfg.ray_address,
                                                       on_progress=advance, manifest=manifest)
         df_table = load_df_table(cfg.warehouse, manifest)
         actors = start_shard_actors(cfg.warehouse, manifest)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.progress import console
 from pipelines.llm_backends import BackendConfig
+from sira_core.defaults import DEFAULT_TAU
 
 
 class ServeConfig(BaseModel):
@@ -30,9 +30,8 @@ class ServeConfig(BaseModel):
     max_concurrent: int = Field(32, ge=1, description="searches in flight; more are answered 429")
     backend: BackendConfig | None = Field(None, description="query-side proposer for `expand`; None: no expansion")
     w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
-    tau: float = Field(0.05, gt=0, le=1, description="query-side DF filter")
-    task: str | None = Field(None, description="prompt task; default: from the warehouse folder's name "
-                                               "(warehouses/<dataset>, as `sira eval` lays them out)")
+    tau: float = Field(DEFAULT_TAU, gt=0, le=1, description="query-side DF filter")
+    task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
     ray_address: str | None = None
 
     @property
@@ -57,10 +56,10 @@ def _is_loopback(host: str) -> bool:
 
 def run(cfg: ServeConfig) -> None:
     from pipelines.serve import Limits, SearchService, build_app, serve_forever
-    from sira_core.enrichment import task_for_dataset
+    from pipelines.warehouse_info import warehouse_task
 
     limits = Limits(cfg.max_query_chars, cfg.max_k, cfg.max_concurrent, cfg.api_token())
-    task = cfg.task or task_for_dataset(PurePosixPath(cfg.warehouse.rstrip("/")).name)
+    task = warehouse_task(cfg.warehouse, cfg.task)
     service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task,
                                    cfg.w if cfg.w is not None else (cfg.backend.default_w() if cfg.backend else 0.5),
                                   cfg.tau, cfg.ray_address, follow=cfg.following)

@@ -89,6 +89,18 @@ VOCABULARY_SCHEMA = pa.schema(
     ]
 )
 
+# Facts about the warehouse recorded when its corpus is ingested (e.g. `task`: the prompt task of its dataset), so
+# later jobs read them instead of guessing from the warehouse's name. Key: key.
+WAREHOUSE_INFO = "warehouse_info"
+WAREHOUSE_INFO_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("value", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # the ingest source that set it
+        pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
 # Written by `sira query`: one row per (run_id, qid), the retrieval program included.
 RUNS = "runs"
 RUNS_SCHEMA = pa.schema(

@@ -117,3 +117,27 @@ def test_a_merge_makes_the_table_equal_the_snapshot_and_keeps_unchanged_rows(tmp
         {d["_id"]: (d.get("title", ""), d["text"]) for d in night2}
     unchanged = [d for d in after if d in before and d not in ("3", "11")]
     assert len(unchanged) == 16 and all(after[d] == before[d] for d in unchanged)  # ingested_at kept too
+
+
+def test_the_prompt_task_is_recorded_at_ingest_never_guessed_from_the_warehouse_name(tmp_path):
+    from pydantic import ValidationError
+
+    from conftest import write_beir_folder
+    from pipelines.warehouse_info import warehouse_task
+
+    corpus = write_lines(tmp_path / "corpus.jsonl", [json.dumps({"_id": "1", "text": "a document"}).encode()])
+    named_like_a_dataset = str(tmp_path / "warehouses" / "scifact")
+    assert warehouse_task(named_like_a_dataset) == "generic"  # nothing ingested: nothing recorded
+    run(IngestConfig(source=str(corpus), warehouse=named_like_a_dataset))
+    assert warehouse_task(named_like_a_dataset) == "generic"  # a plain file names no dataset, whatever the folder
+    assert warehouse_task(named_like_a_dataset, "finance") == "finance"  # --task of a later job wins
+
+    prod = str(tmp_path / "warehouses" / "prod")
+    summary = run(IngestConfig(source=str(write_beir_folder(tmp_path / "data" / "scifact")), warehouse=prod))
+    assert summary["task"] == "fact_check" and warehouse_task(prod) == "fact_check"  # the dataset's own task
+    run(IngestConfig(source=str(corpus), warehouse=prod, mode="merge", max_delete_fraction=1))
+    assert warehouse_task(prod) == "fact_check"  # a nightly snapshot keeps what was recorded
+    run(IngestConfig(source=str(corpus), warehouse=prod, mode="merge", max_delete_fraction=1, task="argument"))
+    assert warehouse_task(prod) == "argument"
+    with pytest.raises(ValidationError, match="unknown task 'poetry'"):
+        IngestConfig(source=str(corpus), warehouse=prod, task="poetry")
