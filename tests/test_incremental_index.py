@@ -161,6 +161,37 @@ def test_a_corpus_whose_every_document_holds_one_term_is_indexed_in_bounded_rows
     assert len(hits) == 2500 and [h.doc_id for h in hits[:2]] == ["c00000", "c00001"]
 
 
+SMALL_HEAP = "spark.driver.memory=512m"  # Spark's smallest: 300 MB reserved, about 125 MB for execution and storage
+
+
+def test_a_term_in_every_document_builds_under_a_small_heap(tmp_path):
+    """`sira ingest` and `sira index` as a user runs them, in their own JVM with a 512 MB heap, on 150,000
+    documents that all hold one term (its postings: 3 blocks in each of 2 shards)."""
+    import os
+    import subprocess
+    import sys
+
+    n = 150_000
+    source = tmp_path / "common.jsonl"
+    with source.open("w", encoding="utf-8") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"_id": f"c{i:06d}", "text": f"common word{i % 5003} other{i % 101}"}) + "\n")
+    wh = str(tmp_path / "wh")
+    env = {**os.environ, "SIRA_SPARK_CONF": SMALL_HEAP}
+    for args in (["ingest", str(source), "-w", wh],
+                 ["index", "-w", wh, "--preset", "pyserini-flat", "--shards", "2", "--no-enrichment"]):
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = find_index(wh)
+    assert manifest["num_docs"] == n
+    postings = read_table(f"{wh}/segment_postings", columns=["term_id", "block", "doc_ords"],
+                          filters=[("term_id", "=", term_id("common"))])
+    lengths = [len(o) for o in postings["doc_ords"].to_pylist()]
+    assert sum(lengths) == n and max(lengths) <= tables.POSTINGS_BLOCK_DOCS  # 2 shards x 3 blocks
+    assert len(lengths) == 2 * -(-n // 2 // tables.POSTINGS_BLOCK_DOCS)
+
+
 def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_full(nights, tmp_path, spark,
                                                                                    monkeypatch):
     from pipelines import spark_index
