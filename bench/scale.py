@@ -71,17 +71,20 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _rss_and_role(pid: int, root: int) -> tuple[int, str] | None:
+def _rss_and_role(pid: int, root: int) -> tuple[int, int, str] | None:
+    """Resident bytes, of which anonymous (resident minus file-backed and shared: what the process itself
+    allocated, heap and off-heap buffers; not the memory-mapped files the page cache can drop), and the role."""
     try:
         with open(f"/proc/{pid}/statm") as fh:
-            rss = int(fh.read().split()[1]) * PAGE
+            fields = fh.read().split()
+            rss, shared = int(fields[1]) * PAGE, int(fields[2]) * PAGE
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmd = fh.read().split(b"\0")[0].decode(errors="replace")
     except OSError:
         return None
     role = "driver" if pid == root else "jvm" if cmd.endswith("java") else "python_workers" if "python" in cmd \
         else "other"
-    return rss, role
+    return rss, rss - shared, role
 
 
 class TreeMemory(threading.Thread):
@@ -98,8 +101,11 @@ class TreeMemory(threading.Thread):
             for pid in _descendants(self.root):
                 got = _rss_and_role(pid, self.root)
                 if got:
-                    now[got[1]] = now.get(got[1], 0) + got[0]
-            now["tree"] = sum(now.values())
+                    rss, anon, role = got
+                    now[role] = now.get(role, 0) + rss
+                    now[f"{role}_anon"] = now.get(f"{role}_anon", 0) + anon
+            now["tree"] = sum(v for k, v in now.items() if not k.endswith("_anon"))
+            now["tree_anon"] = sum(v for k, v in now.items() if k.endswith("_anon"))
             for role, rss in now.items():
                 self.peaks[role] = max(self.peaks.get(role, 0), rss)
             self._done.wait(self.interval)
