@@ -15,6 +15,7 @@ from rich.table import Table
 from jobs.progress import console
 from jobs.run import StageFailed
 from sira_core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira_core.program import DEFAULT_W
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (jobs.progress.console)
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
@@ -214,8 +215,10 @@ def search(
             decisions = query_side_filter(proposal.phrases, searcher.analyzer, load_df_table(warehouse, manifest).lookup,
                                           manifest["num_docs"], tau)
             proposer, weights = cfg.model_id(), proposal.weight_of()
-            w = w if w is not None else cfg.default_w()
-        program = RetrievalProgram.build(text, searcher.analyzer, decisions, w=0.5 if w is None else w, must=must, exclude=exclude,
+            w = cfg.resolve_w(w)
+        # Without expansion the program has no expansion part for w to weigh: the program's default is recorded.
+        program = RetrievalProgram.build(text, searcher.analyzer, decisions, w=DEFAULT_W if w is None else w,
+                                         must=must, exclude=exclude,
                                          proposer=proposer, index_version=manifest["index_version"], weights=weights)
     hits = searcher.run_program(program, k=k, explain=explain)
     if as_json:

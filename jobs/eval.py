@@ -72,7 +72,7 @@ class EvalConfig(BaseModel):
 
     @property
     def resolved_w(self) -> float:
-        return self.w if self.w is not None else self.backend.default_w()
+        return self.backend.resolve_w(self.w)
 
     @property
     def enriched(self) -> bool:

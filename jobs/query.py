@@ -120,7 +120,7 @@ def run(cfg: QueryConfig) -> dict:
                 batch = qids[start : start + cfg.batch_size]
                 programs = [expansion_program(
                     todo[q], analyzer, proposals[q], df_table.lookup, manifest["num_docs"], cfg.tau,
-                    cfg.w if cfg.w is not None else cfg.backend.default_w(),
+                    cfg.backend.resolve_w(cfg.w),
                     (expansion or {}).get("model", ""), manifest["index_version"],
                     (expansion or {}).get("prompt_version")) for q in batch]
                 compiled = [compile_query(p.parts()) for p in programs]

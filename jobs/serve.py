@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobs.progress import console
 from pipelines.llm_backends import BackendConfig
 from sira_core.defaults import DEFAULT_TAU
+from sira_core.program import DEFAULT_W
 
 
 class ServeConfig(BaseModel):
@@ -60,8 +61,8 @@ def run(cfg: ServeConfig) -> None:
 
     limits = Limits(cfg.max_query_chars, cfg.max_k, cfg.max_concurrent, cfg.api_token())
     task = warehouse_task(cfg.warehouse, cfg.task)
-    service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task,
-                                   cfg.w if cfg.w is not None else (cfg.backend.default_w() if cfg.backend else 0.5),
+    w = cfg.backend.resolve_w(cfg.w) if cfg.backend else (cfg.w if cfg.w is not None else DEFAULT_W)
+    service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task, w,
                                   cfg.tau, cfg.ray_address, follow=cfg.following)
     m = service.manifest
     if limits.api_token is None and not _is_loopback(cfg.host):

@@ -83,6 +83,10 @@ class BackendConfig(BaseModel):
 
         return ENCODER_DEFAULT_W if self.backend == "encoder" else DEFAULT_W
 
+    def resolve_w(self, w: float | None) -> float:
+        """`w` when given (--expansion-weight), else this proposer's own default: the one place None is resolved."""
+        return w if w is not None else self.default_w()
+
     def proposal_version(self, template_version: str) -> str:
         """What keys a proposal besides the model: the prompt's version, or the encoder settings' hash."""
         if self.backend == "encoder":

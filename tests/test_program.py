@@ -64,3 +64,13 @@ def test_program_is_plain_json_and_round_trips(searcher):
 def test_constraint_of_only_stopwords_is_a_clear_error(searcher):
     with pytest.raises(ValueError, match="has no index terms"):
         constraint_terms("the of", searcher.analyzer)
+
+
+def test_the_expansion_weight_is_the_given_one_else_the_proposers_own():
+    from pipelines.backend_config import BackendConfig
+    from sira_core.program import DEFAULT_W
+    from sira_core.proposers import ENCODER_DEFAULT_W
+
+    assert BackendConfig(backend="encoder").resolve_w(None) == ENCODER_DEFAULT_W
+    assert BackendConfig(backend="openai", model="m").resolve_w(None) == DEFAULT_W
+    assert BackendConfig(backend="encoder").resolve_w(0.3) == 0.3 and BackendConfig().resolve_w(0.0) == 0.0
