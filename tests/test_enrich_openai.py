@@ -202,10 +202,12 @@ def test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates(t
             for i in range(30)]
     wh = make_warehouse(tmp_path, docs)
     uri = tables.table_uri(wh, tables.ENRICHMENT)
-    fake_openai.reset("ok", delay_s=0.15)  # slow enough to kill the job between its commits
+    # One request at a time, 0.3 s each: the job needs 9 s for the 30 documents, far longer than the kill takes
+    # after its first commit, even on a loaded machine (with the adaptive window all 30 were answered at once).
+    fake_openai.reset("ok", delay_s=0.3)
     log = tmp_path / "killed.log"
     proc = start_job(["enrich", "--warehouse", wh, "--backend", "openai", "--base-url", fake_openai.base_url,
-                      "--model", MODEL, "--batch-size", "4", "--commit-every", "4"], log)
+                      "--model", MODEL, "--batch-size", "4", "--commit-every", "4", "--max-in-flight", "1"], log)
     kill_when(proc, log, lambda: table_version(uri) is not None, timeout_s=240)  # after its first commit
     committed = {r["doc_id"] for r in enrichment_rows(wh)}
     assert 0 < len(committed) < len(docs), "the job was not killed part-way"
