@@ -205,8 +205,8 @@ def search(
         if expand:
             from pipelines.online_proposer import propose_once
             from pipelines.shard_loader import load_df_table
-            from sira_core.dfstats import query_side_filter
             from pipelines.warehouse_info import warehouse_task
+            from sira_core.dfstats import query_side_filter
 
             cfg = _backend(backend, model, base_url)
             proposal = propose_once(warehouse, cfg, warehouse_task(warehouse, task), text, manifest)

@@ -27,7 +27,7 @@ from pipelines.delta_io import table_exists, table_version, write_stream
 from pipelines.warehouse_info import task_at_ingest
 from sira_core import tables
 from sira_core.datasets import RecordError, parse_record, resolve_corpus
-from sira_core.enrichment import TASKS
+from sira_core.enrichment import check_task
 
 
 class IngestConfig(BaseModel):
@@ -49,9 +49,7 @@ class IngestConfig(BaseModel):
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str | None) -> str | None:
-        if task is not None and task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-        return task
+        return None if task is None else check_task(task)
 
 
 def reason_kind(reason: str) -> str:

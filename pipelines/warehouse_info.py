@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from pipelines.delta_io import merge_rows, read_table, table_exists
 from sira_core import tables
-from sira_core.enrichment import TASKS, task_for_dataset
+from sira_core.enrichment import task_for_dataset
 
 GENERIC_TASK = "generic"
 
@@ -30,9 +30,8 @@ def record(warehouse: str, values: dict[str, str], source: str) -> None:
 
 def task_at_ingest(warehouse: str, explicit: str | None, dataset: str | None, source: str) -> str:
     """Record the warehouse's prompt task: `explicit` (--task), else the dataset's (a BEIR source names one), else
-    keep what an earlier ingest recorded, else generic. Returns the task now recorded."""
-    if explicit is not None and explicit not in TASKS:
-        raise ValueError(f"unknown task {explicit!r}; choose one of {', '.join(TASKS)}")
+    keep what an earlier ingest recorded, else generic. Returns the task now recorded. (`explicit` comes validated
+    by IngestConfig.)"""
     task = explicit or (task_for_dataset(dataset) if dataset else None)
     if task is None:
         recorded = read_info(warehouse).get("task")

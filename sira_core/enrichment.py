@@ -52,10 +52,16 @@ class PromptTemplate:
                 .replace("{document}", document))
 
 
-@lru_cache(maxsize=None)
-def load_template(side: str, task: str) -> PromptTemplate:
+def check_task(task: str) -> str:
+    """`task` when it names a prompt task, else ValueError listing them."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    return task
+
+
+@lru_cache(maxsize=None)
+def load_template(side: str, task: str) -> PromptTemplate:
+    check_task(task)
     text = resources.files("sira_core").joinpath(f"prompts/{side}/{task}.txt").read_text("utf-8")
     return PromptTemplate(side, task, text)
 
