@@ -5,12 +5,12 @@ VENV    ?= .venv
 DATASET ?= beir:scifact
 WAREHOUSE ?= warehouses/scifact
 SIRA    := $(VENV)/bin/sira
-# llama.cpp is compiled for what the Python package loads (libllama, libggml) and nothing else, in 2 min 52 s
-# on 2 cores instead of 5 min 40 s (2026-12-01): LLAVA_BUILD=OFF leaves out the multimodal library (only image
+# llama.cpp is compiled for what the Python package loads (libllama, libggml) and nothing else, in about half
+# the time of the default build: LLAVA_BUILD=OFF leaves out the multimodal library (only image
 # chat handlers load it), packaging/llama-cpp-skip-common.cmake the `common` library of llama.cpp's own tools,
 # and a unity build parses the shared headers once per batch of files instead of once per file.
-# AVX-512 kernels where the building CPU has them (flags read from /proc/cpuinfo): on the dev machine's Xeon they
-# evaluated Gemma 3 270M's prompts 1.5x faster than the AVX2 build, single thread (2026-12-01). `make env
+# AVX-512 kernels where the building CPU has them (flags read from /proc/cpuinfo): they evaluate Gemma 3 270M's
+# prompts faster than the AVX2 build (bench/results/llama_build_speed.json). `make env
 # LLAMA_AVX512=` builds the AVX2-only wheel, e.g. for a fleet of older CPUs. Never AMX (see below).
 CPU_FLAGS := $(shell sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
 # `ok` when the CPU has every flag of the list $(1)
@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip uv
 	# llama.cpp built for AVX2 (plus AVX-512 when this CPU has it), not -march=native: a native build segfaulted in
-	# decode on a dev machine with AVX-512/AMX (2026-12-01); the explicit flags leave AMX out. The compile (CPU-bound) runs
+	# decode on a machine with AVX-512/AMX; the explicit flags leave AMX out. The compile (CPU-bound) runs
 	# beside the download of everything else (network-bound), into a temporary folder first, so an interrupted
 	# build leaves nothing in the cache.
 	set -e; build=; \

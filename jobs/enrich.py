@@ -7,9 +7,9 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.progress import console, progress_bar
-from pipelines.llm_backends import BackendConfig
-from pipelines.ray_enrich import COMMIT_EVERY, COMMIT_INTERVAL_S
+from sira.jobs.progress import console, progress_bar
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.ray_enrich import COMMIT_EVERY, COMMIT_INTERVAL_S
 
 
 class EnrichConfig(BaseModel):
@@ -34,8 +34,8 @@ class EnrichConfig(BaseModel):
 
 def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | None = None):
     """The vocabulary of the newest plain (not enriched) index: what the encoder proposer proposes from."""
-    from pipelines.encoder_proposer import load_vocabulary
-    from pipelines.shard_loader import IndexNotFound, find_index
+    from sira.pipelines.encoder_proposer import load_vocabulary
+    from sira.pipelines.shard_loader import IndexNotFound, find_index
 
     try:
         manifest = find_index(warehouse, preset=preset, enriched=False)
@@ -47,9 +47,9 @@ def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | Non
 
 def run(cfg: EnrichConfig, on_commit: Callable[[dict], None] = lambda stats: None) -> dict:
     """Enrich what the warehouse lacks; `on_commit` gets each Delta commit's statistics (ProposalWriter.write)."""
-    from pipelines.ray_enrich import docs_to_enrich, enrich, init_ray
-    from pipelines.warehouse_info import warehouse_task
-    from sira_core.enrichment import load_template
+    from sira.pipelines.ray_enrich import docs_to_enrich, enrich, init_ray
+    from sira.pipelines.warehouse_info import warehouse_task
+    from sira.core.enrichment import load_template
 
     task = warehouse_task(cfg.warehouse, cfg.task)
     template = load_template("doc", task)

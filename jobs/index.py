@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.progress import console
-from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.jobs.progress import console
+from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 
 
 class IndexConfig(BaseModel):
@@ -31,11 +31,11 @@ class IndexConfig(BaseModel):
 def run(cfg: IndexConfig, spark=None) -> dict:
     from pyspark.sql import SparkSession
 
-    from pipelines.delta_io import table_exists
-    from pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_index
-    from pipelines.spark_session import get_spark
-    from sira_core import tables
-    from sira_core.presets import get_preset
+    from sira.pipelines.delta_io import table_exists
+    from sira.pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_index
+    from sira.pipelines.spark_session import get_spark
+    from sira.core import tables
+    from sira.core.presets import get_preset
 
     preset = get_preset(cfg.preset)  # fail on a bad preset before starting a JVM
     use_enrichment = cfg.enrichment

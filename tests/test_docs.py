@@ -1,0 +1,69 @@
+"""The README and docs/: short enough to read, links that resolve, and numbers that are the committed results'."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+PAGES = [README, REPO / "CONTRIBUTING.md", REPO / "RELIABILITY.md", *sorted((REPO / "docs").glob("*.md"))]
+RESULTS = REPO / "bench" / "results"
+
+
+def table_rows(text: str, header_start: str) -> dict[str, list[str]]:
+    """The rows of the Markdown table whose header line starts with `header_start`, by their first cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_readme_is_short_and_starts_with_the_two_commands():
+    text = README.read_text("utf-8")
+    assert len(text.splitlines()) <= 150
+    first_block = text.split("```")[1]
+    assert "make run" in first_block and "make test" in first_block
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_and_results_files_named_in_the_docs_exist(page):
+    text = page.read_text("utf-8")
+    for target in re.findall(r"\]\(([^)#\s]+)\)", text):
+        if "://" not in target:
+            assert (page.parent / target).exists(), f"{page.name} links {target}"
+    for named in re.findall(r"bench/results/[\w./*-]+\.(?:json|png|parquet)", text):
+        # NAME stands for each dataset of the table beside it
+        assert list(REPO.glob(named.replace("NAME", "*"))), f"{page.name} names {named}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_dates_in_the_docs(page):
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", page.read_text("utf-8"))
+
+
+def ndcg(path: Path, variant: str | None = None) -> str:
+    summary = json.loads(path.read_text("utf-8"))
+    if variant is not None:
+        summary = summary["variants"][variant]
+    return f"{summary['metrics']['ndcg@10']:.4f}"
+
+
+def test_the_readme_tables_are_the_committed_results():
+    text = README.read_text("utf-8")
+    variants = table_rows(text, "| dataset | bm25 | doc")
+    bm25 = table_rows(text, "| dataset | `pyserini-flat` (ours)")
+    assert set(variants) == set(bm25) == {"scifact", "nfcorpus", "arguana"}
+    for dataset in variants:
+        run = RESULTS / f"run_{dataset}_encoder.json"
+        assert variants[dataset] == [ndcg(run, v) for v in ("bm25", "doc", "query", "sira")]
+        assert bm25[dataset][0] == ndcg(RESULTS / f"eval_{dataset}_pyserini-flat_test.json")
+        assert bm25[dataset][2] == ndcg(run, "bm25")

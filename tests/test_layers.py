@@ -1,0 +1,118 @@
+"""The package's shape: one `sira` namespace, layers that import only downwards (core <- pipelines <- jobs), no
+import cycle, and an installed wheel that works beside another project's `pipelines` package."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = {"sira_core": "sira.core", "pipelines": "sira.pipelines", "jobs": "sira.jobs"}
+LAYER = {"sira.core": 0, "sira.pipelines": 1, "sira.jobs": 2}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the distribution by its installed name."""
+    found = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((REPO / folder).glob("*.py")):
+            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return found
+
+
+def imported_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_file_imports_the_bare_folder_names():
+    # From the repository root both spellings would import, as two copies of every module.
+    sources = [p for top in ("sira", *FOLDERS, "tests", "bench", "docs", "infra") for p in (REPO / top).rglob("*.py")]
+    bare = [f"{p.relative_to(REPO)}: {name}" for p in sources for name in imported_names(p)
+            if name.split(".")[0] in FOLDERS]
+    assert bare == []
+
+
+def test_layers_import_only_downwards_and_nothing_cycles():
+    mods = modules()
+    graph = {name: {dep for dep in imported_names(path) if dep in mods and dep != name} for name, path in mods.items()}
+    layer = {name: LAYER[".".join(name.split(".")[:2])] for name in mods}
+    upward = [f"{a} -> {b}" for a, deps in graph.items() for b in deps if layer[b] > layer[a]]
+    assert upward == []
+    # A cycle is a strongly connected set of more than one module (Tarjan's algorithm).
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+                on_stack.discard(w)
+            on_stack.discard(v)
+            if component:
+                cycles.append(sorted([v, *component]))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert cycles == []
+
+
+@pytest.mark.skipif(shutil.which("uv", path=str(Path(sys.executable).parent)) is None and shutil.which("uv") is None,
+                    reason="uv is not installed")
+def test_the_wheel_installs_beside_another_pipelines_package(tmp_path):
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    # Built from a copy, so that the build leaves nothing in the checkout.
+    source = tmp_path / "source"
+    for name in ("sira", *FOLDERS):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    subprocess.run([uv, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(source)], check=True,
+                   capture_output=True, text=True)
+    wheel = next((tmp_path / "dist").glob("sira-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([uv, "pip", "install", "--python", str(python), "--no-deps", str(wheel)], check=True,
+                   capture_output=True, text=True)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    # Another project's top-level `pipelines` package, installed in the same environment.
+    (site / "pipelines").mkdir()
+    (site / "pipelines" / "__init__.py").write_text("OWNER = 'another project'\n")
+    # sira's dependencies come from the test environment, after the fresh venv's own packages.
+    deps = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (site / "zz_test_dependencies.pth").write_text(deps + "\n")
+
+    def run(*args: str) -> str:
+        return subprocess.run([*args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    assert "Usage: sira" in run(str(venv / "bin" / "sira"), "--help")
+    check = ("import pipelines, sira.core, sira.pipelines.serve, sira.jobs.cli; "
+             "print(pipelines.OWNER); print(sira.core.__file__); print(sira.core.get_preset('sira').name)")
+    owner, core_file, preset = run(str(python), "-c", check).splitlines()
+    assert owner == "another project" and core_file.startswith(str(site)) and preset == "sira"
+    # Package data travels in the wheel: stopwords, prompts and the web page.
+    assert (site / "sira" / "core" / "resources").is_dir() and (site / "sira" / "pipelines" / "web" / "index.html").exists()
