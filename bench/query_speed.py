@@ -106,7 +106,7 @@ def build_sira_searcher(doc_ids: list[str], docs_terms: list[list[str]], analyze
 
 def sira_index_nbytes(shard) -> int:
     return sum(a.nbytes for a in (shard.doc_lens, shard.term_ids, shard.indptr, shard.doc_ords, shard.impacts,
-                                  shard.block_max))
+                                  shard.term_max))
 
 
 def build_bm25s(docs_terms: list[list[str]], k1: float, b: float, backend: str):

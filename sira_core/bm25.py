@@ -31,9 +31,13 @@ Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the 
 on 1M synthetic documents (bench/results/searcher_scale_1m.json): plain queries (17 terms) at k=10 run 1.09x
 as fast pruned as exhaustive; queries with 30-60 pseudo-relevance-feedback expansion terms of similar bounds,
 or k in the hundreds, 0.3-0.8x, because no early switch to phase B is possible and the candidates are too
-dense to step over postings. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= SEED_K
-and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests compare them). Both use
-the floors of other shards when selecting.
+dense to step over postings. On a small shard pruning costs more than it saves: its fixed work per query
+(ordering the terms, seeding the floor) outweighs scoring a few thousand postings, and on scifact (5,183
+documents, a median of about 4,000 postings per query) the pruned scorer ran several times slower than the exhaustive
+one (bench/query_speed.py). So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with
+k <= SEED_K whose terms hold at least PRUNE_MIN_POSTINGS postings in the shard, and scores the others
+exhaustively; "pruned" and "exhaustive" force one (the tests compare them). Both use the floors of other
+shards when selecting.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ MAX_SCORE = float(2 ** (53 - FIXED_POINT_BITS))  # int64 sums below 2^53 are exa
 SKIP_BLOCK = 128  # postings a phase-B merge steps over at once when no candidate falls among them
 SEED_K = 64  # up to this k, the pruned scorer scores its k most promising docs exactly to set its floor
 PRUNE_MAX_TERMS = 32  # "auto" prunes queries with at most this many terms (and k <= SEED_K); see above
+PRUNE_MIN_POSTINGS = 32_768  # ... and at least this many postings in the shard; see above
 MERGE_RATIO = 8  # phase B merges a term into the candidates when its list is this many times longer, else scans
 
 
@@ -295,8 +300,12 @@ class ShardIndex:
         constraints = constraints or [((), ())] * len(queries)
         skip_ords = skip_ords or [None] * len(queries)
         masks = [self.constraint_mask(must, exclude, skip) for (must, exclude), skip in zip(constraints, skip_ords)]
-        prune = np.full(len(queries), scorer == "pruned") if scorer != "auto" else \
-            (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= SEED_K)
+        if scorer == "auto":
+            postings = np.bincount(query_of_term[keep], weights=self.indptr[rows + 1] - self.indptr[rows],
+                                   minlength=len(queries))
+            prune = (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= SEED_K) & (postings >= PRUNE_MIN_POSTINGS)
+        else:
+            prune = np.full(len(queries), scorer == "pruned")
         ords = np.zeros((len(queries), k), dtype=np.int32)
         fixed = np.zeros((len(queries), k), dtype=np.int64)
         counts = np.zeros(len(queries), dtype=np.int64)
