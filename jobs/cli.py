@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.progress import console
-from jobs.run import StageFailed
+from pipelines.stages import StageFailed
 from sira_core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 from sira_core.program import DEFAULT_W
 

@@ -372,6 +372,25 @@ def build_index(
     return {**row, "documents_analysed": analysed, "step_seconds": b.seconds}
 
 
+def build_in_session(warehouse: str, preset_name: str, shards: int, spark_master: str,
+                     enrichment: EnrichmentChoice | None, full: bool = False, policy: SegmentPolicy = SegmentPolicy(),
+                     log=print, spark: SparkSession | None = None) -> dict:
+    """`build_index` in `spark`, the active session, or a session of its own (stopped after: a caller's or a test's
+    session stays up); its row with `built_at` as ISO text."""
+    from pipelines.spark_session import get_spark
+    from sira_core.presets import get_preset
+
+    preset = get_preset(preset_name)  # fail on a bad preset before starting a JVM
+    own_session = spark is None and SparkSession.getActiveSession() is None
+    spark = spark or get_spark(spark_master, app_name="sira-index")
+    try:
+        row = build_index(spark, warehouse, preset, shards, enrichment, full=full, policy=policy, log=log)
+    finally:
+        if own_session:
+            spark.stop()
+    return {**row, "built_at": row["built_at"].isoformat()}
+
+
 def _no_enrichment() -> dict:
     return {"enriched": False, "enrichment_table_version": None, "tau": None, "phrases_proposed": 0,
             "phrases_kept": 0, "enrichment_model": None, "enrichment_prompt_version": None}

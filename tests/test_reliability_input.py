@@ -13,8 +13,9 @@ import json
 import pytest
 
 from conftest import TINY_DOCS
-from jobs.ingest import IngestConfig, content_hash, run
+from jobs.ingest import IngestConfig, run
 from pipelines.delta_io import read_table
+from pipelines.ingest import content_hash
 from sira_core import tables
 from sira_core.datasets import MAX_ID_CHARS, RawRecord, RecordError, iter_lines, parse_record
 from test_ingest import BAD_CORPUS, write_lines
