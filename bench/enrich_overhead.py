@@ -5,7 +5,7 @@ answers every request at once, so only our side is measured (Ray Data, HTTP clie
 
 Steps: `--docs` synthetic documents (`bench/synthetic_corpus.py`, seed 7; the Parquet file is kept in the workdir and
 reused) are ingested into a fresh warehouse; `bench/instant_openai.py` starts in its own process on 127.0.0.1; the
-real job runs in this process through `jobs.enrich.run`, with the job's defaults, which is
+real job runs in this process through `sira.jobs.enrich.run`, with the job's defaults, which is
 `sira enrich -w WH --backend openai --model instant --base-url URL` (a fresh local Ray, started by the job).
 
 Reported:
@@ -138,9 +138,9 @@ def measure_enrich_overhead(num_docs: int, workdir: str | Path, profile: str | P
                             backend: dict | None = None, job: dict | None = None) -> dict:
     """Ingest `num_docs` synthetic documents into a fresh warehouse under `workdir`, enrich them all against the
     instant server, and return the measurements (top-level `docs_per_s`)."""
-    from jobs import enrich as enrich_job
-    from jobs import ingest as ingest_job
-    from pipelines.llm_backends import BackendConfig
+    from sira.jobs import enrich as enrich_job
+    from sira.jobs import ingest as ingest_job
+    from sira.pipelines.llm_backends import BackendConfig
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def main(argv=None) -> None:
     result = measure_enrich_overhead(args.docs, args.workdir, args.profile)
     report = {
         "command": "python bench/enrich_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "job_command": f"sira enrich -w WH --backend openai --model {MODEL} --base-url URL (jobs.enrich.run in process)",
+        "job_command": f"sira enrich -w WH --backend openai --model {MODEL} --base-url URL (sira.jobs.enrich.run in process)",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "load_average_start": load_before, "load_average_end": os.getloadavg()},

@@ -6,12 +6,12 @@ The first `--docs` scifact documents are ingested into a temporary warehouse. Th
 (the fact_check template, max_n 3, documents in doc-id order, as the job renders them):
 
 - raw: one `llama_cpp.Llama` in this process on all cores, a plain loop of the same model input (chat turns or
-  completion text of `pipelines.local_llm`), the same sampling (temperature, seed, max_tokens) under llama.cpp's
+  completion text of `sira.pipelines.local_llm`), the same sampling (temperature, seed, max_tokens) under llama.cpp's
   JSON-schema grammar, i.e. the bare runtime's own way to get JSON out; model load timed apart, not counted;
 - one engine: the job's decoding (free decoding stopped when the list closes, the grammar only as a fallback)
   through one in-process LocalLLMActor on all cores, i.e. the job minus Ray, Delta and the one-engine-per-core
   layout;
-- job: `jobs.enrich.run` with `--backend local`: a local Ray instance, Ray Data, the LocalLLMActor (model load
+- job: `sira.jobs.enrich.run` with `--backend local`: a local Ray instance, Ray Data, the LocalLLMActor (model load
   included), parsing and the Delta commits, i.e. everything a user waits for after `sira enrich` starts.
 
 The raw loop runs before and after the job and the faster raw run is the reference, so load that drifts during
@@ -45,11 +45,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from jobs import enrich as enrich_job  # noqa: E402
-from jobs import ingest as ingest_job  # noqa: E402
-from pipelines.llm_backends import BackendConfig  # noqa: E402
-from pipelines.local_llm import N_CTX, chat_messages, completion_text, resolve_model  # noqa: E402
-from sira_core.enrichment import JSON_SCHEMA, document_input, load_template  # noqa: E402
+from sira.jobs import enrich as enrich_job  # noqa: E402
+from sira.jobs import ingest as ingest_job  # noqa: E402
+from sira.pipelines.llm_backends import BackendConfig  # noqa: E402
+from sira.pipelines.local_llm import N_CTX, chat_messages, completion_text, resolve_model  # noqa: E402
+from sira.core.enrichment import JSON_SCHEMA, document_input, load_template  # noqa: E402
 
 TASK = "fact_check"
 MAX_N = 3
@@ -72,7 +72,7 @@ def job_prompts(docs: list[dict]) -> list[str]:
 
 
 def run_one_engine(prompts: list[str], backend: BackendConfig) -> dict:
-    from pipelines.local_llm import LocalLLMActor
+    from sira.pipelines.local_llm import LocalLLMActor
 
     started = time.perf_counter()
     actor = LocalLLMActor(backend.model_dump_json(), threads=os.cpu_count())
@@ -126,10 +126,10 @@ def run_job(warehouse: str, backend: BackendConfig) -> dict:
 
 def run_encoder(n_docs: int) -> dict:
     """`sira enrich --backend encoder` vs a raw encode + nearest-entry loop, on the first n scifact docs."""
-    from jobs import index as index_job
-    from pipelines.encoder_proposer import EncoderProposer, load_vocabulary
-    from pipelines.shard_loader import find_index
-    from sira_core.analysis import Analyzer, AnalyzerConfig, index_text
+    from sira.jobs import index as index_job
+    from sira.pipelines.encoder_proposer import EncoderProposer, load_vocabulary
+    from sira.pipelines.shard_loader import find_index
+    from sira.core.analysis import Analyzer, AnalyzerConfig, index_text
 
     docs = first_docs(n_docs)
     backend = BackendConfig(backend="encoder")

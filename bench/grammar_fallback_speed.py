@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from random_checkpoint import first_docs  # noqa: E402 (bench/ is on sys.path when run as a script)
 
-    from pipelines.llm_backends import BackendConfig
-    from pipelines.local_llm import LocalLLMActor
-    from sira_core.enrichment import document_input, load_template
+    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.local_llm import LocalLLMActor
+    from sira.core.enrichment import document_input, load_template
 
     template = load_template("doc", args.task)
     docs = first_docs(f"beir:{args.dataset}", args.docs)

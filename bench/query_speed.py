@@ -51,7 +51,7 @@ EMPTY_QUERY_TERM = "\x00empty"  # our analyzers emit only alphanumerics (and "")
 
 def load_corpus(dataset) -> tuple[list[str], list[str]]:
     """(doc_ids, texts) in doc-id order, validated and de-duplicated the way `sira ingest` does it."""
-    from sira_core.datasets import RawRecord, RecordError, iter_lines, parse_record
+    from sira.core.datasets import RawRecord, RecordError, iter_lines, parse_record
 
     docs: dict[str, str] = {}
     for n, line in iter_lines(dataset.corpus_path):
@@ -69,9 +69,9 @@ def build_sira_searcher(doc_ids: list[str], docs_terms: list[list[str]], analyze
     """One ShardIndex over the whole corpus, built like the Spark job: postings sorted by term id."""
     import numpy as np
 
-    from sira_core.bm25 import CorpusStats, ShardIndex
-    from sira_core.hashing import term_id
-    from sira_core.search import Searcher
+    from sira.core.bm25 import CorpusStats, ShardIndex
+    from sira.core.hashing import term_id
+    from sira.core.search import Searcher
 
     vocab: dict[str, int] = {}
     post_term, post_ord, post_tf = [], [], []
@@ -176,7 +176,7 @@ def peak_rss_bytes() -> int:
 
 
 def time_sira(searcher, queries_terms, query_texts, ks, repeats, min_seconds) -> tuple[dict, list]:
-    from sira_core.search import QueryPart, compile_query
+    from sira.core.search import QueryPart, compile_query
 
     shard = searcher.shards[0]
     compiled = [compile_query([QueryPart(tuple(t))]) for t in queries_terms]  # analysis/hashing not timed
@@ -212,9 +212,9 @@ def time_bm25s(model, queries_terms, backend, ks, repeats, min_seconds) -> tuple
 
 
 def run_worker(engine: str, dataset_name: str, preset_name: str, split: str, ks, repeats, min_seconds) -> dict:
-    from sira_core.analysis import Analyzer
-    from sira_core.datasets import resolve_dataset
-    from sira_core.presets import get_preset
+    from sira.core.analysis import Analyzer
+    from sira.core.datasets import resolve_dataset
+    from sira.core.presets import get_preset
 
     preset = get_preset(preset_name)
     analyzer = Analyzer(preset.analyzer)
@@ -226,7 +226,7 @@ def run_worker(engine: str, dataset_name: str, preset_name: str, split: str, ks,
     query_texts = list(queries.values())
     queries_terms = [analyzer.terms(t) for t in query_texts]
     import bm25s  # noqa: F401  (both engines' libraries are loaded before the baseline, for every engine)
-    import sira_core.search  # noqa: F401
+    import sira.core.search  # noqa: F401
 
     rss_before_index = rss_bytes_now()
 
@@ -401,7 +401,7 @@ def write_json(report: dict, path: Path) -> None:
 
 
 def run_benchmark(args) -> dict:
-    from sira_core.presets import get_preset
+    from sira.core.presets import get_preset
 
     preset = get_preset(args.preset)
     report = {

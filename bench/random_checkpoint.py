@@ -34,7 +34,7 @@ def first_docs(source: str, limit: int | None = None) -> list[dict]:
     """The first `limit` valid documents ({_id, title, text}) of a corpus: beir:NAME, a folder, .jsonl[.gz], .parquet."""
     from itertools import islice
 
-    from sira_core.datasets import RecordError, parse_record, resolve_corpus
+    from sira.core.datasets import RecordError, parse_record, resolve_corpus
 
     def valid():
         for raw in resolve_corpus(source).records():

@@ -14,7 +14,7 @@ memory every 0.2 s (the job's Python process, the Spark JVM, the Python workers)
 3. bm25s (0.3.16; its own tokenizer with PyStemmer's English stemmer and its English stopwords, unigrams, as
    `bm25s.tokenize` + `BM25.index`) on the same documents, one thread: docs/s. Its ratio is ours per core over
    bm25s's (one core).
-4. Loading the `sira` index from Delta into the searcher (pipelines.shard_loader, a subprocess): seconds, memory.
+4. Loading the `sira` index from Delta into the searcher (sira.pipelines.shard_loader, a subprocess): seconds, memory.
 5. The searcher against bm25s on the same corpus and analysed terms (bench/searcher_scale.measure_searcher).
 6. A night: the corpus's next snapshot with `--changed-fraction` of its documents changed (60% updated, 20%
    deleted, 20% inserted), `sira nightly --no-enrichment --preset sira` (MERGE ingest, incremental index build,
@@ -118,7 +118,7 @@ class TreeMemory(threading.Thread):
 
 def run_job(args: list[str], log: Path, env: dict | None = None) -> dict:
     """A `sira` job (or any `python -m` module when args start with -m) in a subprocess: seconds, memory, output."""
-    cmd = [sys.executable, *(args if args[0] == "-m" else ["-m", "jobs.cli", *args])]
+    cmd = [sys.executable, *(args if args[0] == "-m" else ["-m", "sira.jobs.cli", *args])]
     started = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
@@ -170,7 +170,7 @@ def load_worker(warehouse: str) -> None:
     """Subprocess: load the newest `sira` index from Delta into a searcher; prints a JSON line."""
     import resource
 
-    from pipelines.shard_loader import load_searcher
+    from sira.pipelines.shard_loader import load_searcher
 
     started = time.perf_counter()
     searcher, manifest = load_searcher(warehouse, preset="sira")

@@ -8,10 +8,10 @@
 
 1. Analysis (this process, kept under --work-dir for later runs): documents `iter_documents(num_docs, seed)`
    of bench/synthetic_corpus.py, `index_text(title, text)` through the preset's Analyzer, as the Spark
-   build; per document its distinct term ids (sira_core.hashing.term_id) and tfs; the term strings; the 300
+   build; per document its distinct term ids (sira.core.hashing.term_id) and tfs; the term strings; the 300
    scifact test queries through the same Analyzer.
 2. `sira-build` (subprocess): our shards from those arrays (`build_shards`, numpy: same shard hash, doc
-   ordinals, N, avgdl and df as sira_core.memory_index) written to a shard cache (pipelines.shard_cache):
+   ordinals, N, avgdl and df as sira.core.memory_index) written to a shard cache (sira.pipelines.shard_cache):
    the cold load. Then the expansion terms, by pseudo-relevance feedback: for each query, the terms of its
    FEEDBACK_DOCS best documents (plain query) with 0 < df <= TAU * N that the query lacks, most feedback
    documents first (then rarer first, then term id), 30 to 60 of them (seeded per query), at weight 0.5.
@@ -94,10 +94,10 @@ def analyse_corpus(folder: Path, num_docs: int, seed: int, preset_name: str) -> 
     import pyarrow.parquet as pq
 
     from bench.synthetic_corpus import iter_documents
-    from sira_core.analysis import Analyzer, index_text
-    from sira_core.datasets import resolve_dataset
-    from sira_core.hashing import term_id
-    from sira_core.presets import get_preset
+    from sira.core.analysis import Analyzer, index_text
+    from sira.core.datasets import resolve_dataset
+    from sira.core.hashing import term_id
+    from sira.core.presets import get_preset
 
     analyzer = Analyzer(get_preset(preset_name).analyzer)
     ids_of: dict[str, int] = {}
@@ -159,12 +159,12 @@ def read_queries(folder: Path) -> dict:
 
 
 def build_shards(corpus: dict, num_shards: int, k1: float, b: float):
-    """ShardIndex per shard, as sira_core.memory_index.build_searcher would build it from the same documents
+    """ShardIndex per shard, as sira.core.memory_index.build_searcher would build it from the same documents
     (shard = shard_of(doc id), ordinals in doc-id order, corpus-wide N, avgdl and df), in numpy.
     Returns (shards, stats, vocabulary term ids, their df)."""
     from bench.synthetic_corpus import doc_id_of
-    from sira_core.bm25 import CorpusStats, ShardIndex
-    from sira_core.hashing import shard_of
+    from sira.core.bm25 import CorpusStats, ShardIndex
+    from sira.core.hashing import shard_of
 
     n = len(corpus["doc_lens"])
     doc_ids = [doc_id_of(i) for i in range(n)]  # zero-padded: number order is doc-id order
@@ -205,7 +205,7 @@ def cache_manifest(meta: dict, num_shards: int) -> dict:
 def pseudo_relevance_expansions(searcher, corpus: dict, vocab: np.ndarray, df: np.ndarray, terms: list[str],
                                 plain: dict[str, list[str]], seed: int) -> dict[str, list[str]]:
     """Per query: 30-60 terms of its FEEDBACK_DOCS best documents with 0 < df <= TAU * N, absent from the query."""
-    from sira_core.hashing import term_id
+    from sira.core.hashing import term_id
 
     limit = TAU * len(corpus["doc_lens"])
     out = {}
@@ -230,10 +230,10 @@ def pseudo_relevance_expansions(searcher, corpus: dict, vocab: np.ndarray, df: n
 
 
 def worker_sira_build(folder: Path, work_dir: Path, num_shards: int, preset_name: str) -> dict:
-    from pipelines import shard_cache
-    from sira_core.analysis import Analyzer
-    from sira_core.presets import get_preset
-    from sira_core.search import Searcher
+    from sira.pipelines import shard_cache
+    from sira.core.analysis import Analyzer
+    from sira.core.presets import get_preset
+    from sira.core.search import Searcher
 
     preset = get_preset(preset_name)
     corpus = load_corpus(folder)
@@ -262,11 +262,11 @@ def worker_sira_build(folder: Path, work_dir: Path, num_shards: int, preset_name
 
 
 def worker_sira(folder: Path, work_dir: Path, num_shards: int, preset_name: str, ks, repeats, min_seconds) -> dict:
-    from pipelines import shard_cache
-    from sira_core.analysis import Analyzer
-    from sira_core.bm25 import CorpusStats, ShardIndex
-    from sira_core.presets import get_preset
-    from sira_core.search import QueryPart, Searcher, compile_query
+    from sira.pipelines import shard_cache
+    from sira.core.analysis import Analyzer
+    from sira.core.bm25 import CorpusStats, ShardIndex
+    from sira.core.presets import get_preset
+    from sira.core.search import QueryPart, Searcher, compile_query
 
     preset = get_preset(preset_name)
     corpus_meta = json.loads((folder / "complete.json").read_text())
@@ -353,7 +353,7 @@ def worker_bm25s_build(folder: Path, work_dir: Path, preset_name: str) -> dict:
     import bm25s
     from bm25s.tokenization import Tokenized
 
-    from sira_core.presets import get_preset
+    from sira.core.presets import get_preset
 
     built_file = bm25s_dir(work_dir, folder) / "sira_bench_build.json"
     if built_file.exists():
@@ -445,7 +445,7 @@ def agreement(ours: list, theirs: list, k1: float) -> dict:
 def measure_searcher(num_docs: int, seed: int = SEED, preset: str = "sira", num_shards: int = 4, ks=KS,
                      repeats: int = 3, min_seconds: float = 1.0, work_dir: Path | None = None) -> dict:
     """Our searcher against bm25s-numba on `num_docs` synthetic documents: the report (see module docstring)."""
-    from sira_core.presets import get_preset
+    from sira.core.presets import get_preset
 
     work_dir = Path(work_dir or Path.home() / ".cache" / "sira" / "bench")
     folder = corpus_folder(work_dir, num_docs, seed, preset)

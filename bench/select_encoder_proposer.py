@@ -8,7 +8,7 @@ computed once per dataset by the packaged encoder and cached under --cache (as .
     python bench/select_encoder_proposer.py --dataset beir:scifact --split test --only CONFIG_JSON   # report
 
 Per configuration: nDCG@10, Recall@10/100, and against plain BM25 the paired randomization test p-value
-(`sira_core.metrics.paired_comparison`: 10,000 seeded random swaps; the
+(`sira.core.metrics.paired_comparison`: 10,000 seeded random swaps; the
 results recorded before 2026-12-02 used ranx "fisher", whose parallel draws its seed does not fix: p differs in the
 third decimal) and per-query wins / losses on nDCG@10.
 """
@@ -27,14 +27,14 @@ from ranx import Qrels, Run, evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.encoder import MiniLMEncoder  # noqa: E402
-from sira_core.analysis import Analyzer, index_text, ngrams  # noqa: E402
-from sira_core.datasets import resolve_dataset  # noqa: E402
-from sira_core.dfstats import query_side_filter  # noqa: E402
-from sira_core.memory_index import build_searcher  # noqa: E402
-from sira_core.presets import get_preset  # noqa: E402
-from sira_core.program import RetrievalProgram  # noqa: E402
-from sira_core.proposers import (EncoderProposerConfig, Vocabulary, held_terms, nearest_entries,  # noqa: E402
+from sira.pipelines.encoder import MiniLMEncoder  # noqa: E402
+from sira.core.analysis import Analyzer, index_text, ngrams  # noqa: E402
+from sira.core.datasets import resolve_dataset  # noqa: E402
+from sira.core.dfstats import query_side_filter  # noqa: E402
+from sira.core.memory_index import build_searcher  # noqa: E402
+from sira.core.presets import get_preset  # noqa: E402
+from sira.core.program import RetrievalProgram  # noqa: E402
+from sira.core.proposers import (EncoderProposerConfig, Vocabulary, held_terms, nearest_entries,  # noqa: E402
                                  surface_forms, vocabulary_entries)
 
 METRICS = ["ndcg@10", "recall@10", "recall@100"]
@@ -191,7 +191,7 @@ def _surface_vectors(encoder: MiniLMEncoder, surfaces: list[str], cache: Path) -
 
 def _df_lookup(searcher):
     """DF in the indexed (enriched) field, from the postings of the one shard."""
-    from sira_core.hashing import term_id
+    from sira.core.hashing import term_id
 
     shard = searcher.shards[0]
 
@@ -202,7 +202,7 @@ def _df_lookup(searcher):
 
 
 def _versus(qrels, base: dict, run: dict) -> dict:
-    from sira_core.metrics import paired_comparison
+    from sira.core.metrics import paired_comparison
 
     result = paired_comparison(qrels, base, run, "ndcg@10")
     return {"p_value": round(result["p_value"], 4), "wins": result["wins"], "losses": result["losses"]}

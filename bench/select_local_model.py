@@ -34,15 +34,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from pipelines.llm_backends import BackendConfig  # noqa: E402
-from pipelines.local_llm import FEWSHOT_EXAMPLES, LocalLLMActor  # noqa: E402
-from sira_core.analysis import Analyzer  # noqa: E402
-from sira_core.datasets import RawRecord, RecordError, iter_lines, parse_record, resolve_dataset  # noqa: E402
-from sira_core.dfstats import corpus_side_filter  # noqa: E402
-from sira_core.enrichment import document_input, load_template, parse_phrases, task_for_dataset  # noqa: E402
-from sira_core.memory_index import build_searcher, index_text  # noqa: E402
-from sira_core.metrics import evaluate_run  # noqa: E402
-from sira_core.presets import get_preset  # noqa: E402
+from sira.pipelines.llm_backends import BackendConfig  # noqa: E402
+from sira.pipelines.local_llm import FEWSHOT_EXAMPLES, LocalLLMActor  # noqa: E402
+from sira.core.analysis import Analyzer  # noqa: E402
+from sira.core.datasets import RawRecord, RecordError, iter_lines, parse_record, resolve_dataset  # noqa: E402
+from sira.core.dfstats import corpus_side_filter  # noqa: E402
+from sira.core.enrichment import document_input, load_template, parse_phrases, task_for_dataset  # noqa: E402
+from sira.core.memory_index import build_searcher, index_text  # noqa: E402
+from sira.core.metrics import evaluate_run  # noqa: E402
+from sira.core.presets import get_preset  # noqa: E402
 
 SMOLLM2 = "smollm2-135m-instruct-q4_1"
 GEMMA3 = "gemma3-270m-q4_k_m"

@@ -64,7 +64,7 @@ class SourcePool:
 @lru_cache(maxsize=1)
 def source_pool() -> SourcePool:
     """Sentences, document lengths and titles of the bundled BEIR corpora."""
-    from sira_core.datasets import resolve_dataset
+    from sira.core.datasets import resolve_dataset
 
     sentences, lengths, titles = [], [], []
     for name in SOURCES:

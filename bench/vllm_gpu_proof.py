@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 TASK = "fact_check"  # the template enrich_speed.job_prompts renders, passed to the job too
 GPU_MEMORY_UTILIZATION = 0.8
-MAX_MODEL_LEN = 4096  # what pipelines.llm_backends.vllm_processor_config sets
+MAX_MODEL_LEN = 4096  # what sira.pipelines.llm_backends.vllm_processor_config sets
 
 
 def preflight() -> None:
@@ -58,7 +58,7 @@ def preflight() -> None:
 
 def sampling(output_tokens: int) -> dict:
     """The decoding of both sides: the backend's defaults, with the output length fixed."""
-    from pipelines.llm_backends import BackendConfig
+    from sira.pipelines.llm_backends import BackendConfig
 
     cfg = BackendConfig(backend="vllm", model="-")
     return {"temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": output_tokens, "ignore_eos": True,
@@ -69,7 +69,7 @@ def run_raw(model_dir: str, prompts_path: str, output_tokens: int, out_path: str
     """Child process: vLLM's offline chat over the prompts; writes its timings as JSON."""
     from vllm import LLM, SamplingParams
 
-    from pipelines.llm_backends import chat_messages
+    from sira.pipelines.llm_backends import chat_messages
 
     prompts = json.loads(Path(prompts_path).read_text())
     started = time.perf_counter()
@@ -94,7 +94,7 @@ def run_raw(model_dir: str, prompts_path: str, output_tokens: int, out_path: str
 
 def sira_enrich(warehouse: str, model_dir: str, output_tokens: int, out_json: str) -> tuple[dict, float]:
     """`sira enrich --backend vllm` as a user runs it; (its --output-json summary, wall seconds)."""
-    command = [sys.executable, "-m", "jobs.cli", "enrich", "-w", warehouse, "--backend", "vllm", "--model", model_dir,
+    command = [sys.executable, "-m", "sira.jobs.cli", "enrich", "-w", warehouse, "--backend", "vllm", "--model", model_dir,
                "--task", TASK, "--free-output", "--max-tokens", str(output_tokens),
                "--sampling-arg", "ignore_eos=true", "--sampling-arg", f"min_tokens={output_tokens}",
                "--engine-arg", f"gpu_memory_utilization={GPU_MEMORY_UTILIZATION}",
@@ -106,8 +106,8 @@ def sira_enrich(warehouse: str, model_dir: str, output_tokens: int, out_json: st
 
 
 def check_table(warehouse: str, n_docs: int, output_tokens: int) -> dict:
-    from pipelines.delta_io import read_table
-    from sira_core import tables
+    from sira.pipelines.delta_io import read_table
+    from sira.core import tables
 
     rows = read_table(tables.table_uri(warehouse, tables.ENRICHMENT))
     rows = rows.to_pandas() if hasattr(rows, "to_pandas") else rows
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     preflight()
 
     from enrich_speed import job_prompts
-    from jobs import ingest as ingest_job
+    from sira.jobs import ingest as ingest_job
     from random_checkpoint import build, document_texts, first_docs
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sira-vllm-proof-"))

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 def slice_dataset(spec: str, docs: int, folder: Path, split: str = "test", seed: int = 0) -> Path:
     """A BEIR folder with the split's judged documents and others up to `docs`, the split's queries and qrels."""
-    from sira_core.datasets import iter_lines, resolve_dataset
+    from sira.core.datasets import iter_lines, resolve_dataset
 
     if (folder / "corpus.jsonl.gz").exists():
         return folder
@@ -56,7 +56,7 @@ def slice_dataset(spec: str, docs: int, folder: Path, split: str = "test", seed:
 
 
 def sira(*args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, **popen)
+    return subprocess.Popen([sys.executable, "-m", "sira.jobs.cli", *args], cwd=REPO, **popen)
 
 
 def get(url: str, body: dict | None = None) -> dict:

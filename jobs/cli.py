@@ -12,12 +12,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from jobs.progress import console
-from pipelines.stages import StageFailed
-from sira_core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
-from sira_core.program import DEFAULT_W
+from sira.jobs.progress import console
+from sira.pipelines.stages import StageFailed
+from sira.core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.program import DEFAULT_W
 
-stdout = Console()  # results go to stdout; logs and progress go to stderr (jobs.progress.console)
+stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.jobs.progress.console)
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
 
 OutputJson = typer.Option(None, "--output-json", help="write the job's summary as JSON to this path")
@@ -41,7 +41,7 @@ def ingest(
     output_json: Optional[Path] = OutputJson,
 ):
     """Validate a corpus and write the Delta `docs` table; bad records go to `rejected` with the reason."""
-    from jobs import ingest as job
+    from sira.jobs import ingest as job
 
     summary = job.run(job.IngestConfig(source=source, warehouse=warehouse, mode="merge" if merge else "replace",
                                        task=task))
@@ -56,8 +56,8 @@ def ingest(
 def _backend(backend: str, model: str | None = None, base_url: str = DEFAULT_OPENAI_BASE_URL,
              proposals: int | None = None, entries: str | None = None, **kwargs):
     """A BackendConfig from command-line options; --proposals / --entries set the encoder proposer."""
-    from pipelines.llm_backends import BackendConfig
-    from sira_core.proposers import EncoderProposerConfig
+    from sira.pipelines.llm_backends import BackendConfig
+    from sira.core.proposers import EncoderProposerConfig
 
     encoder = EncoderProposerConfig(**{k: v for k, v in (("proposals", proposals), ("entries", entries))
                                        if v is not None})
@@ -103,7 +103,7 @@ def enrich(
     max_tokens: int = typer.Option(160, "--max-tokens"),
     limit: Optional[int] = typer.Option(None, help="enrich at most this many documents"),
     commit_every: Optional[int] = typer.Option(None, "--commit-every", help="most rows per Delta commit (default: "
-                                                                         "pipelines.ray_enrich.COMMIT_EVERY)"),
+                                                                         "sira.pipelines.ray_enrich.COMMIT_EVERY)"),
     commit_interval_s: Optional[float] = typer.Option(None, "--commit-interval-s",
                                                       help="commit what has arrived once this long has passed "
                                                            "since the last commit"),
@@ -123,7 +123,7 @@ def enrich(
     output_json: Optional[Path] = OutputJson,
 ):
     """Propose each document's missing search vocabulary (encoder or LLM; incremental, resumable)."""
-    from jobs import enrich as job
+    from sira.jobs import enrich as job
 
     commits = {k: v for k, v in (("commit_every", commit_every), ("commit_interval_s", commit_interval_s))
                if v is not None}
@@ -159,7 +159,7 @@ def index(
 ):
     """Build and publish a new index version with Spark: only new or changed documents are analysed, and they
     enter a new segment on top of the newest version of the same kind (a full build when there is none)."""
-    from jobs import index as job
+    from sira.jobs import index as job
 
     summary = job.run(job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
                                       enrichment=enrichment, tau=tau, full=full))
@@ -189,8 +189,8 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
     """Search one query (or run a retrieval program) and print the ranked hits."""
-    from pipelines.shard_loader import load_searcher
-    from sira_core.program import RetrievalProgram
+    from sira.pipelines.shard_loader import load_searcher
+    from sira.core.program import RetrievalProgram
 
     if (text is None) == (program_file is None):
         raise ValueError("give either a query text or --program FILE")
@@ -203,10 +203,10 @@ def search(
     else:
         decisions, proposer, weights = (), "", None
         if expand:
-            from pipelines.online_proposer import propose_once
-            from pipelines.shard_loader import load_df_table
-            from pipelines.warehouse_info import warehouse_task
-            from sira_core.dfstats import query_side_filter
+            from sira.pipelines.online_proposer import propose_once
+            from sira.pipelines.shard_loader import load_df_table
+            from sira.pipelines.warehouse_info import warehouse_task
+            from sira.core.dfstats import query_side_filter
 
             cfg = _backend(backend, model, base_url)
             proposal = propose_once(warehouse, cfg, warehouse_task(warehouse, task), text, manifest)
@@ -267,7 +267,7 @@ def query(
     output_json: Optional[Path] = OutputJson,
 ):
     """Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run."""
-    from jobs import query as job
+    from sira.jobs import query as job
 
     summary = job.run(job.QueryConfig(warehouse=warehouse, queries=queries, out=out, run_id=run_id, k=k, expand=expand,
                                       backend=_backend(backend, model, base_url, proposals, entries),
@@ -306,7 +306,7 @@ def serve(
 ):
     """Serve POST /search, GET /health, /runs, /compare over HTTP, and the pages that look inside (/, /compare);
     shards are held by Ray actors, queried scatter-gather."""
-    from jobs import serve as job
+    from sira.jobs import serve as job
 
 
     # Online: one retry and short backoff; a user is waiting (a failed expansion falls back to the plain query).
@@ -328,7 +328,7 @@ def _reranker(backend: str | None, model: str | None, base_url: str, depth: int)
     """The sira+rerank reranker from command-line options; None without --rerank-backend."""
     if backend is None:
         return None
-    from pipelines.rerank import RerankConfig, judge_backend
+    from sira.pipelines.rerank import RerankConfig, judge_backend
 
     if backend == "openai" and model is None:
         raise ValueError("--rerank-backend openai needs --rerank-model (the endpoint's model id)")
@@ -361,7 +361,7 @@ def eval_(
     output_json: Optional[Path] = OutputJson,
 ):
     """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
-    from jobs import eval as job
+    from sira.jobs import eval as job
 
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
     summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau, w=w, task=task,
@@ -392,7 +392,7 @@ def compare(
 ):
     """Two TREC runs on a split's judged queries: both means, the difference, the paired randomization test's p
     and per-query wins / losses / ties (each query's two scores go to --output-json)."""
-    from pipelines.runs import compare_run_files
+    from sira.pipelines.runs import compare_run_files
 
     summary = compare_run_files(dataset, split, base_run, run_file, metric, permutations=permutations, seed=seed)
     table = Table(title=f"{dataset} / {split}: {run_file.name} against {base_run.name} ({summary['queries']} queries)")
@@ -402,7 +402,7 @@ def compare(
                   f"{summary['p_value']:.4f}", f"{summary['wins']} / {summary['losses']} / {summary['ties']}")
     stdout.print(table)
     if plot is not None:
-        from jobs.report import plot_paired_comparison
+        from sira.jobs.report import plot_paired_comparison
 
         stdout.print(f"wrote {plot_paired_comparison(summary, plot)}")
     _write_json(summary, output_json)
@@ -438,8 +438,8 @@ def run(
     output_json: Optional[Path] = OutputJson,
 ):
     """The whole pipeline on one dataset: ingest, index, enrich, expand, and evaluate bm25 / doc / query / sira."""
-    from jobs import run as job
-    from pipelines.tracking import TrackingConfig
+    from sira.jobs import run as job
+    from sira.pipelines.tracking import TrackingConfig
 
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
     cfg = job.RunConfig(dataset=dataset, warehouse=warehouse, preset=preset, split=split,
@@ -483,8 +483,8 @@ def sweep(
     output_json: Optional[Path] = OutputJson,
 ):
     """Grid over tau / w / n-gram order, selected on train or dev, the choice evaluated once on test."""
-    from jobs import sweep as job
-    from pipelines.tracking import TrackingConfig
+    from sira.jobs import sweep as job
+    from sira.pipelines.tracking import TrackingConfig
 
     grid = dict(job.parse_param(p) for p in param)
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url)
@@ -533,8 +533,8 @@ def nightly(
     output_json: Optional[Path] = OutputJson,
 ):
     """Incremental update: MERGE the new snapshot, enrich only new or changed docs, publish a new index version."""
-    from jobs import nightly as job
-    from pipelines.tracking import TrackingConfig
+    from sira.jobs import nightly as job
+    from sira.pipelines.tracking import TrackingConfig
 
     summary = job.run(job.NightlyConfig(
         warehouse=warehouse, source=source, task=task, preset=preset, enrichment=enrichment,
@@ -558,8 +558,8 @@ def report(
     experiment: str = typer.Option("sira", help="MLflow experiment"),
 ):
     """Markdown report and plots: our variants per dataset (newest `sira run` each) beside published references."""
-    from jobs import report as job
-    from pipelines.tracking import TrackingConfig
+    from sira.jobs import report as job
+    from sira.pipelines.tracking import TrackingConfig
 
     summary = job.run(job.ReportConfig(output_dir=str(output_dir), datasets=dataset or None,
                                        tracking=TrackingConfig(tracking_uri=tracking_uri, experiment=experiment)))
@@ -582,7 +582,7 @@ def proposals_export(
     output_json: Optional[Path] = OutputJson,
 ):
     """Write a warehouse's proposals (enrichment or expansions) to one Parquet file with the table's schema."""
-    from pipelines.proposal_transfer import export_proposals
+    from sira.pipelines.proposal_transfer import export_proposals
 
     summary = export_proposals(warehouse, output, table, model, prompt_version, include_errors)
     stdout.print(f"exported {summary['rows']} {table} rows to {output} "
@@ -599,7 +599,7 @@ def proposals_import(
 ):
     """Merge a Parquet export into a warehouse's proposals; rows for text the warehouse no longer holds are left
     out, and rows it already has are kept as they are."""
-    from pipelines.proposal_transfer import import_proposals
+    from sira.pipelines.proposal_transfer import import_proposals
 
     summary = import_proposals(warehouse, path, table)
     stdout.print(f"imported {summary['inserted']} {table} rows from {path}: {summary['already_present']} already "

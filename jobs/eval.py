@@ -9,20 +9,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from jobs.progress import console, progress_bar
-from pipelines.index_freshness import ensure_index
-from pipelines.llm_backends import BackendConfig
-from pipelines.query_expansion import expand_queries
-from pipelines.rerank import RerankConfig, rerank_run
-from pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
-from pipelines.shard_loader import load_df_table, load_searcher
-from sira_core import tables
-from sira_core.datasets import resolve_dataset
-from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
-from sira_core.enrichment import task_for_dataset
-from sira_core.program import RetrievalProgram, expansion_program
-from sira_core.rerank import RERANK_VARIANT
-from sira_core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
+from sira.jobs.progress import console, progress_bar
+from sira.pipelines.index_freshness import ensure_index
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.query_expansion import expand_queries
+from sira.pipelines.rerank import RerankConfig, rerank_run
+from sira.pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
+from sira.pipelines.shard_loader import load_df_table, load_searcher
+from sira.core import tables
+from sira.core.datasets import resolve_dataset
+from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.enrichment import task_for_dataset
+from sira.core.program import RetrievalProgram, expansion_program
+from sira.core.rerank import RERANK_VARIANT
+from sira.core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
 
 QUERY_BATCH = 256
@@ -189,9 +189,9 @@ def _answer_coverage(warehouse: str, run_hits: dict, answers: dict[str, list[str
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipelines.delta_io import read_table
-    from sira_core.analysis import index_text
-    from sira_core.metrics import answer_coverage
+    from sira.pipelines.delta_io import read_table
+    from sira.core.analysis import index_text
+    from sira.core.metrics import answer_coverage
 
     wanted = sorted({d for q in answers for d, _ in sorted(run_hits.get(q, {}).items(), key=lambda kv: -kv[1])[:max(ks)]})
     docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "title", "text"])

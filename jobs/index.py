@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.progress import console
-from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.jobs.progress import console
+from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 
 
 class IndexConfig(BaseModel):
@@ -29,9 +29,9 @@ class IndexConfig(BaseModel):
 
 
 def run(cfg: IndexConfig, spark=None) -> dict:
-    from pipelines.delta_io import table_exists
-    from pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_in_session
-    from sira_core import tables
+    from sira.pipelines.delta_io import table_exists
+    from sira.pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_in_session
+    from sira.core import tables
 
     use_enrichment = cfg.enrichment
     if use_enrichment is None:

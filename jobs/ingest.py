@@ -1,10 +1,10 @@
 """`sira ingest`: validate a corpus source and write the Delta `docs` table (bad records -> `rejected`); the
-dataflow and its two modes (replace, merge) are in pipelines.ingest."""
+dataflow and its two modes (replace, merge) are in sira.pipelines.ingest."""
 
 from __future__ import annotations
 
-from jobs.progress import progress_bar
-from pipelines.ingest import IngestConfig, ingest
+from sira.jobs.progress import progress_bar
+from sira.pipelines.ingest import IngestConfig, ingest
 
 
 def run(cfg: IngestConfig) -> dict:

@@ -3,10 +3,10 @@
     ingest (MERGE by doc id + content hash) -> [plain index: the encoder's vocabulary] -> enrich only new or
     changed documents -> build and publish the enriched index -> expire index versions past the retention window
 
-Each index build is incremental (pipelines.spark_index): only new or changed documents are analysed, and they
+Each index build is incremental (sira.pipelines.spark_index): only new or changed documents are analysed, and they
 enter a new segment on top of the last version. `--no-enrichment` publishes the plain index only.
 
-Publishing is atomic (a version becomes visible when its corpus_stats row lands, see pipelines.spark_index), so a
+Publishing is atomic (a version becomes visible when its corpus_stats row lands, see sira.pipelines.spark_index), so a
 running `sira serve` that follows the newest version switches without ever reading a half-written one. Every step
 is idempotent: a failed or killed night is rerun as is; finished work (the docs MERGE, committed enrichment
 chunks, a published index) is found and not redone. One MLflow parent run per night, a child run per step.
@@ -19,17 +19,17 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs import enrich as enrich_job
-from jobs import ingest as ingest_job
-from jobs.progress import console
-from pipelines.corpus_enrichment import EnrichConfig, log_failures
-from pipelines.index_freshness import fresh_or_build
-from pipelines.ingest import IngestConfig
-from pipelines.llm_backends import BackendConfig
-from pipelines.ray_enrich import COMMIT_EVERY
-from pipelines.stages import StageFailed
-from pipelines.tracking import Tracker, TrackingConfig
-from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.jobs import enrich as enrich_job
+from sira.jobs import ingest as ingest_job
+from sira.jobs.progress import console
+from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
+from sira.pipelines.index_freshness import fresh_or_build
+from sira.pipelines.ingest import IngestConfig
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.ray_enrich import COMMIT_EVERY
+from sira.pipelines.stages import StageFailed
+from sira.pipelines.tracking import Tracker, TrackingConfig
+from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 
 
 class NightlyConfig(BaseModel):
@@ -56,7 +56,7 @@ class NightlyConfig(BaseModel):
 
 
 def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dict:
-    from pipelines.retention import expire_versions
+    from sira.pipelines.retention import expire_versions
 
     tracker = Tracker(cfg.tracking)
     started = time.perf_counter()

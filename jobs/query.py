@@ -16,14 +16,14 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.progress import console, progress_bar
-from pipelines.delta_io import merge_rows, read_table, table_exists
-from pipelines.llm_backends import BackendConfig
-from pipelines.warehouse_info import warehouse_task
-from sira_core import tables
-from sira_core.datasets import iter_lines
-from sira_core.defaults import DEFAULT_TAU
-from sira_core.metrics import write_trec_run
+from sira.jobs.progress import console, progress_bar
+from sira.pipelines.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.warehouse_info import warehouse_task
+from sira.core import tables
+from sira.core.datasets import iter_lines
+from sira.core.defaults import DEFAULT_TAU
+from sira.core.metrics import write_trec_run
 
 
 class QueryConfig(BaseModel):
@@ -71,14 +71,14 @@ def read_queries(spec: str) -> dict[str, str]:
 def run(cfg: QueryConfig) -> dict:
     import ray
 
-    from pipelines.query_expansion import expand_queries
-    from pipelines.ray_enrich import init_ray
-    from pipelines.shard_actors import start_shard_actors
-    from pipelines.shard_loader import find_index, load_df_table
-    from sira_core.analysis import Analyzer, AnalyzerConfig
-    from sira_core.program import expansion_program
-    from sira_core.proposers import Proposal
-    from sira_core.search import compile_query, merge_ranked
+    from sira.pipelines.query_expansion import expand_queries
+    from sira.pipelines.ray_enrich import init_ray
+    from sira.pipelines.shard_actors import start_shard_actors
+    from sira.pipelines.shard_loader import find_index, load_df_table
+    from sira.core.analysis import Analyzer, AnalyzerConfig
+    from sira.core.program import expansion_program
+    from sira.core.proposers import Proposal
+    from sira.core.search import compile_query, merge_ranked
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
     queries = read_queries(cfg.queries)

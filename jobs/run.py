@@ -15,17 +15,17 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from jobs import enrich as enrich_job
-from jobs import eval as eval_job
-from jobs.progress import console, progress_bar
-from pipelines.corpus_enrichment import EnrichConfig, log_failures
-from pipelines.index_freshness import ensure_index, fresh_or_build
-from pipelines.llm_backends import BackendConfig
-from pipelines.rerank import RerankConfig
-from pipelines.stages import StageFailed
-from pipelines.tracking import Tracker, TrackingConfig
-from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
-from sira_core.rerank import RERANK_VARIANT
+from sira.jobs import enrich as enrich_job
+from sira.jobs import eval as eval_job
+from sira.jobs.progress import console, progress_bar
+from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
+from sira.pipelines.index_freshness import ensure_index, fresh_or_build
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.rerank import RerankConfig
+from sira.pipelines.stages import StageFailed
+from sira.pipelines.tracking import Tracker, TrackingConfig
+from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.rerank import RERANK_VARIANT
 
 VARIANTS = ("bm25", "doc", "query", "sira")  # the single-call variants, run by default
 Variant = Literal["bm25", "doc", "query", "sira", "sira+rerank"]
@@ -107,11 +107,11 @@ class RunConfig(BaseModel):
 
 def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
     """The stages this invocation will run (work already in the warehouse is skipped) and a rough duration."""
-    from pipelines.delta_io import read_table, table_exists
-    from pipelines.ray_enrich import docs_to_enrich
-    from pipelines.shard_loader import IndexNotFound, find_index
-    from sira_core import tables
-    from sira_core.enrichment import load_template, task_for_dataset
+    from sira.pipelines.delta_io import read_table, table_exists
+    from sira.pipelines.ray_enrich import docs_to_enrich
+    from sira.pipelines.shard_loader import IndexNotFound, find_index
+    from sira.core import tables
+    from sira.core.enrichment import load_template, task_for_dataset
 
     stages, seconds = [], 10.0
     docs_uri = tables.table_uri(warehouse, tables.DOCS)
@@ -146,7 +146,7 @@ def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], 
             stages.append(f"expand {todo} queries ({cfg.backend.backend})")
             seconds += todo / _QUERIES_PER_SECOND.get(cfg.backend.backend, 1.0)
     if cfg.rerank is not None:
-        from sira_core.datasets import resolve_dataset
+        from sira.core.datasets import resolve_dataset
 
         judgments = len(resolve_dataset(cfg.dataset).queries(cfg.split)) * cfg.rerank.depth
         stages.append(f"rerank: up to {judgments} judgments ({cfg.rerank.backend.backend})")
@@ -158,9 +158,9 @@ def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], 
 
 def _queries_to_expand(cfg: RunConfig, dataset_name: str, warehouse: str) -> int:
     """Queries of the split whose expansion is not cached yet (for this query-side proposer and prompt)."""
-    from pipelines.query_expansion import cached_expansions, query_hash
-    from sira_core.datasets import DatasetNotFound, resolve_dataset
-    from sira_core.enrichment import load_template, task_for_dataset
+    from sira.pipelines.query_expansion import cached_expansions, query_hash
+    from sira.core.datasets import DatasetNotFound, resolve_dataset
+    from sira.core.enrichment import load_template, task_for_dataset
 
     try:
         texts = {query_hash(text) for text in resolve_dataset(cfg.dataset).queries(cfg.split).values()}
@@ -172,13 +172,13 @@ def _queries_to_expand(cfg: RunConfig, dataset_name: str, warehouse: str) -> int
 
 
 def _corpus_size(spec: str) -> int:
-    from sira_core.datasets import iter_lines, resolve_dataset
+    from sira.core.datasets import iter_lines, resolve_dataset
 
     return sum(1 for _ in iter_lines(resolve_dataset(spec).corpus_path))
 
 
 def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
-    from sira_core.datasets import resolve_dataset
+    from sira.core.datasets import resolve_dataset
 
     dataset = resolve_dataset(cfg.dataset)
     warehouse = cfg.warehouse or str(Path("warehouses") / dataset.name)
@@ -280,8 +280,8 @@ def variant_label(variant: str, summary: dict) -> str:
 def _enrichment_sample(warehouse: str, summary: dict, n: int = 50) -> list[dict]:
     import pyarrow.compute as pc
 
-    from pipelines.delta_io import read_table
-    from sira_core import tables
+    from sira.pipelines.delta_io import read_table
+    from sira.core import tables
 
     t = read_table(tables.table_uri(warehouse, tables.ENRICHMENT))
     t = t.select([c for c in ("doc_id", "model", "prompt_version", "phrases", "weights", "error") if c in t.schema.names])

@@ -7,10 +7,10 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.progress import console
-from pipelines.llm_backends import BackendConfig
-from sira_core.defaults import DEFAULT_TAU
-from sira_core.program import DEFAULT_W
+from sira.jobs.progress import console
+from sira.pipelines.llm_backends import BackendConfig
+from sira.core.defaults import DEFAULT_TAU
+from sira.core.program import DEFAULT_W
 
 
 class ServeConfig(BaseModel):
@@ -56,8 +56,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(cfg: ServeConfig) -> None:
-    from pipelines.serve import Limits, SearchService, build_app, serve_forever
-    from pipelines.warehouse_info import warehouse_task
+    from sira.pipelines.serve import Limits, SearchService, build_app, serve_forever
+    from sira.pipelines.warehouse_info import warehouse_task
 
     limits = Limits(cfg.max_query_chars, cfg.max_k, cfg.max_concurrent, cfg.api_token())
     task = warehouse_task(cfg.warehouse, cfg.task)

@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from jobs.progress import console
-from pipelines.llm_backends import BackendConfig
-from pipelines.tracking import Tracker, TrackingConfig
-from sira_core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER
+from sira.jobs.progress import console
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.tracking import Tracker, TrackingConfig
+from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER
 
 SWEEPABLE = ("tau", "w", "n")
 
@@ -67,7 +67,7 @@ def points(grid: dict[str, list[float]]) -> list[dict[str, float]]:
 
 
 def _eval_config(cfg: SweepConfig, point: dict[str, float], split: str):
-    from jobs import eval as eval_job
+    from sira.jobs import eval as eval_job
 
     preset = cfg.preset + (f"@n={int(point['n'])}" if "n" in point else "")
     extra = {k: point[k] for k in ("tau", "w") if k in point}
@@ -77,7 +77,7 @@ def _eval_config(cfg: SweepConfig, point: dict[str, float], split: str):
 
 
 def run(cfg: SweepConfig) -> dict:
-    from jobs import eval as eval_job
+    from sira.jobs import eval as eval_job
 
     grid = points(cfg.grid)
     console.log(f"sweep {cfg.dataset} ({cfg.variant}): {len(grid)} settings on {cfg.split}, best by {cfg.metric}, "

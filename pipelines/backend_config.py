@@ -1,5 +1,5 @@
-"""How to reach an LLM (BackendConfig), shared by the backends' stages (pipelines.llm_backends) and the embedded
-engine (pipelines.local_llm), which neither imports the other through it."""
+"""How to reach an LLM (BackendConfig), shared by the backends' stages (sira.pipelines.llm_backends) and the embedded
+engine (sira.pipelines.local_llm), which neither imports the other through it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipelines.local_prompts import DEFAULT_LOCAL_MODEL, layout_version
-from sira_core.defaults import DEFAULT_OPENAI_BASE_URL
-from sira_core.proposers import EncoderProposerConfig
+from sira.pipelines.local_prompts import DEFAULT_LOCAL_MODEL, layout_version
+from sira.core.defaults import DEFAULT_OPENAI_BASE_URL
+from sira.core.proposers import EncoderProposerConfig
 
 OUTPUT_TYPES = {"raw_output": "string", "input_tokens": "int64", "output_tokens": "int64", "latency_ms": "float64",
                 "error": "string"}
@@ -67,7 +67,7 @@ class BackendConfig(BaseModel):
     def model_id(self) -> str:
         """The model name recorded in the enrichment key."""
         if self.backend == "encoder":
-            from pipelines.encoder import ENCODER_NAME
+            from sira.pipelines.encoder import ENCODER_NAME
 
             return f"encoder:{ENCODER_NAME}"
         if self.model:
@@ -78,8 +78,8 @@ class BackendConfig(BaseModel):
 
     def default_w(self) -> float:
         """The expansion weight measured for this proposer: encoder 0.25, LLMs the paper's 0.5."""
-        from sira_core.program import DEFAULT_W
-        from sira_core.proposers import ENCODER_DEFAULT_W
+        from sira.core.program import DEFAULT_W
+        from sira.core.proposers import ENCODER_DEFAULT_W
 
         return ENCODER_DEFAULT_W if self.backend == "encoder" else DEFAULT_W
 
@@ -90,7 +90,7 @@ class BackendConfig(BaseModel):
     def proposal_version(self, template_version: str) -> str:
         """What keys a proposal besides the model: the prompt's version, or the encoder settings' hash."""
         if self.backend == "encoder":
-            from pipelines.encoder import ENCODER_NAME
+            from sira.pipelines.encoder import ENCODER_NAME
 
             return self.encoder.version(ENCODER_NAME)
         if self.backend == "local":  # the worked examples the local backend adds are part of its prompt

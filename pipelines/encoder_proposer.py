@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.delta_io import read_table, table_exists, write_table
-from pipelines.encoder import ENCODER_NAME, MiniLMEncoder
-from sira_core import tables
-from sira_core.analysis import Analyzer, AnalyzerConfig, index_text
-from sira_core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
+from sira.pipelines.delta_io import read_table, table_exists, write_table
+from sira.pipelines.encoder import ENCODER_NAME, MiniLMEncoder
+from sira.core import tables
+from sira.core.analysis import Analyzer, AnalyzerConfig, index_text
+from sira.core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
                                  surface_forms, vocabulary_entries)
 
 PROPOSER_NAME = f"encoder:{ENCODER_NAME}"

@@ -9,11 +9,11 @@ from typing import Mapping, Sequence
 
 import pyarrow.compute as pc
 
-from pipelines.delta_io import read_table
-from sira_core import tables
-from sira_core.analysis import Analyzer, index_text
-from sira_core.explain import explain_hit, snippet
-from sira_core.program import RetrievalProgram
+from sira.pipelines.delta_io import read_table
+from sira.core import tables
+from sira.core.analysis import Analyzer, index_text
+from sira.core.explain import explain_hit, snippet
+from sira.core.program import RetrievalProgram
 
 
 def read_documents(warehouse: str, doc_ids: Sequence[str], docs_version: int | None = None) -> dict[str, dict]:

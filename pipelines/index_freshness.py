@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipelines.delta_io import table_version
-from pipelines.ingest import IngestConfig, Progress, ingest
-from pipelines.llm_backends import BackendConfig
-from pipelines.shard_loader import IndexNotFound, find_index
-from sira_core import tables
-from sira_core.defaults import DEFAULT_TAU
+from sira.pipelines.delta_io import table_version
+from sira.pipelines.ingest import IngestConfig, Progress, ingest
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.shard_loader import IndexNotFound, find_index
+from sira.core import tables
+from sira.core.defaults import DEFAULT_TAU
 
 
 def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, spark_master: str,
@@ -19,7 +19,7 @@ def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, sp
                  task: str | None = None, *, log: Callable[[str], None], progress: Progress) -> dict:
     """The newest index of `preset` built from the current docs (and enrichment) tables; ingests, enriches
     (incrementally, with `doc_backend`) and indexes what is missing or stale."""
-    from pipelines.corpus_enrichment import EnrichConfig, enrich_corpus, log_failures
+    from sira.pipelines.corpus_enrichment import EnrichConfig, enrich_corpus, log_failures
 
     docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
     if docs_version is None:
@@ -48,7 +48,7 @@ def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, 
                    any_model: bool = False, *, log: Callable[[str], None]) -> dict:
     """The newest index of `preset` matching the current docs (and, when `model` is given or `any_model`, the
     current enrichment table, that model and prompt, and tau); built when there is none."""
-    from pipelines.spark_index import EnrichmentChoice, build_in_session
+    from sira.pipelines.spark_index import EnrichmentChoice, build_in_session
 
     enriched = model is not None or any_model
     enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) if enriched else None

@@ -23,11 +23,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pipelines.delta_io import table_exists, table_version, write_stream
-from pipelines.warehouse_info import task_at_ingest
-from sira_core import tables
-from sira_core.datasets import RecordError, parse_record, resolve_corpus
-from sira_core.enrichment import check_task
+from sira.pipelines.delta_io import table_exists, table_version, write_stream
+from sira.pipelines.warehouse_info import task_at_ingest
+from sira.core import tables
+from sira.core.datasets import RecordError, parse_record, resolve_corpus
+from sira.core.enrichment import check_task
 
 
 # What a job passes for progress display: (description, total, unit) -> a context yielding `advance(n)`.

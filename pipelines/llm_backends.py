@@ -18,8 +18,8 @@ import random
 import time
 from typing import Callable
 
-from pipelines.backend_config import BATCH_SIZES, OUTPUT_COLUMNS, OUTPUT_TYPES, BackendConfig  # noqa: F401 (re-exported)
-from sira_core.enrichment import JSON_SCHEMA
+from sira.pipelines.backend_config import BATCH_SIZES, OUTPUT_COLUMNS, OUTPUT_TYPES, BackendConfig  # noqa: F401 (re-exported)
+from sira.core.enrichment import JSON_SCHEMA
 
 
 def chat_messages(prompt: str) -> list[dict[str, str]]:
@@ -333,7 +333,7 @@ def vllm_stage(cfg: BackendConfig) -> Callable:
 def local_stage(cfg: BackendConfig) -> Callable:
     import ray
 
-    from pipelines.local_llm import LocalLLMActor
+    from sira.pipelines.local_llm import LocalLLMActor
 
     def stage(ds):
         # One model per core, each on one thread: two 1-thread llama.cpp engines gave 1.6x the documents/s of
@@ -360,7 +360,7 @@ def build_stage(cfg: BackendConfig, vocabulary=None, analyzer_json: str | None =
     """A callable that maps a Ray Dataset of {..., prompt} rows to rows with the backend output columns.
     The encoder proposer reads the text itself as its prompt and needs the index's vocabulary."""
     if cfg.backend == "encoder":
-        from pipelines.encoder_proposer import encoder_stage
+        from sira.pipelines.encoder_proposer import encoder_stage
 
         if vocabulary is None or analyzer_json is None:
             raise ValueError("the encoder backend needs the vocabulary of a published index")

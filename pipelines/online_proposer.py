@@ -19,10 +19,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from pipelines.llm_backends import (BackendConfig, ErrorTolerantSession, chat_messages, openai_postprocess,
+from sira.pipelines.llm_backends import (BackendConfig, ErrorTolerantSession, chat_messages, openai_postprocess,
                                     openai_request)
-from pipelines.query_expansion import QUERY_MAX_N, cached_expansions, query_hash
-from sira_core.enrichment import load_template, parse_phrases
+from sira.pipelines.query_expansion import QUERY_MAX_N, cached_expansions, query_hash
+from sira.core.enrichment import load_template, parse_phrases
 
 ONLINE_BACKENDS = ("openai", "local", "encoder")
 
@@ -65,15 +65,15 @@ class OnlineProposer:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sira-encoder")
             self._llm = await asyncio.get_running_loop().run_in_executor(self._worker, self._load_encoder)
         else:
-            from pipelines.local_llm import LocalLLMActor
+            from sira.pipelines.local_llm import LocalLLMActor
 
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sira-local-llm")
             self._llm = await asyncio.get_running_loop().run_in_executor(
                 self._worker, LocalLLMActor, self.backend.model_dump_json())
 
     def _load_encoder(self):
-        from pipelines.encoder_proposer import EncoderProposer, load_vocabulary
-        from sira_core.analysis import Analyzer, AnalyzerConfig
+        from sira.pipelines.encoder_proposer import EncoderProposer, load_vocabulary
+        from sira.core.analysis import Analyzer, AnalyzerConfig
 
         vocabulary = load_vocabulary(self.warehouse, self.manifest, self.backend.encoder)
         analyzer = Analyzer(AnalyzerConfig.model_validate_json(self.manifest["analyzer_json"]))

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.delta_io import read_table, table_exists
-from pipelines.ray_enrich import PROPOSAL_TABLES, commit
-from sira_core import tables
+from sira.pipelines.delta_io import read_table, table_exists
+from sira.pipelines.ray_enrich import PROPOSAL_TABLES, commit
+from sira.core import tables
 
 
 def export_proposals(warehouse: str, path: str | Path, table: str = tables.ENRICHMENT, model: str | None = None,

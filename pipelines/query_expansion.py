@@ -10,12 +10,12 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.delta_io import read_table, table_exists
-from pipelines.llm_backends import BackendConfig
-from pipelines.ray_enrich import init_ray, propose, with_replaces_error
-from sira_core import tables
-from sira_core.enrichment import load_template
-from sira_core.proposers import Proposal
+from sira.pipelines.delta_io import read_table, table_exists
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.ray_enrich import init_ray, propose, with_replaces_error
+from sira.core import tables
+from sira.core.enrichment import load_template
+from sira.core.proposers import Proposal
 
 QUERY_MAX_N = 4  # expansion phrases have 1..4 words
 
@@ -69,7 +69,7 @@ def expand_queries(
     if todo:
         vocabulary = analyzer_json = None
         if backend.backend == "encoder":
-            from pipelines.encoder_proposer import load_vocabulary
+            from sira.pipelines.encoder_proposer import load_vocabulary
 
             if manifest is None:
                 raise ValueError("the encoder proposer needs the index it expands for (its vocabulary)")

@@ -19,11 +19,11 @@ from typing import Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.delta_io import merge_rows, read_table, table_exists
-from pipelines.llm_backends import BackendConfig, build_stage
-from sira_core import tables
-from sira_core.analysis import index_text
-from sira_core.enrichment import PromptTemplate, document_input, parse_phrases
+from sira.pipelines.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.llm_backends import BackendConfig, build_stage
+from sira.core import tables
+from sira.core.analysis import index_text
+from sira.core.enrichment import PromptTemplate, document_input, parse_phrases
 
 # The column of a to-do table that says the proposals table holds an errored row for this key, which the new
 # answer replaces (a MERGE); every other row is a key the table does not hold yet (an append).

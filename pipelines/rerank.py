@@ -1,5 +1,5 @@
 """The `sira+rerank` stage: an LLM judges each query's first-stage top-k passages (0-100), judgments are cached in
-the Delta `rerank_judgments` table, and each top-k block is reordered by them (sira_core.rerank has the prompt,
+the Delta `rerank_judgments` table, and each top-k block is reordered by them (sira.core.rerank has the prompt,
 the parser and the merge rule).
 
 Judgments run in the driver: `openai` requests go out concurrently (max_in_flight at most, paced by qps) through
@@ -21,13 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pipelines.delta_io import merge_rows, read_table, table_exists
-from pipelines.llm_backends import BackendConfig, OpenAIClient, openai_request
-from pipelines.query_expansion import query_hash
-from sira_core import tables
-from sira_core.defaults import DEFAULT_OPENAI_BASE_URL
-from sira_core.enrichment import document_input
-from sira_core.rerank import RERANK_DEPTH, RERANK_JSON_SCHEMA, load_rerank_template, parse_score, render_judgment, \
+from sira.pipelines.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.llm_backends import BackendConfig, OpenAIClient, openai_request
+from sira.pipelines.query_expansion import query_hash
+from sira.core import tables
+from sira.core.defaults import DEFAULT_OPENAI_BASE_URL
+from sira.core.enrichment import document_input
+from sira.core.rerank import RERANK_DEPTH, RERANK_JSON_SCHEMA, load_rerank_template, parse_score, render_judgment, \
     rerank_order
 
 # {"score": 100} is about 7 tokens; the rest is room for a model's stray whitespace.
@@ -194,7 +194,7 @@ class _LocalJudge:
     """Prompts -> backend output rows from the embedded model, loaded once, decoding under the relevance grammar."""
 
     def __init__(self, cfg: BackendConfig):
-        from pipelines.local_llm import LocalLLMActor  # first: it sets how llama.cpp's threads wait
+        from sira.pipelines.local_llm import LocalLLMActor  # first: it sets how llama.cpp's threads wait
 
         from llama_cpp import LlamaGrammar
 

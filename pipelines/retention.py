@@ -14,9 +14,9 @@ from datetime import datetime, timedelta, timezone
 
 from deltalake import DeltaTable
 
-from pipelines.delta_io import table_exists
-from pipelines.shard_loader import published_versions
-from sira_core import tables
+from sira.pipelines.delta_io import table_exists
+from sira.pipelines.shard_loader import published_versions
+from sira.core import tables
 
 
 

@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
-from sira_core.datasets import resolve_dataset
-from sira_core.metrics import paired_comparison, read_trec_run
+from sira.core.datasets import resolve_dataset
+from sira.core.metrics import paired_comparison, read_trec_run
 
 RUNS_FOLDER = "runs"
 INFO_SUFFIX = ".run.json"
@@ -69,7 +69,7 @@ def read_run(warehouse: str, name: str) -> dict[str, dict[str, float]]:
 
 def compare_run_files(dataset: str, split: str, base_run: str | Path, run_file: str | Path, metric: str = "ndcg@10",
                       base: dict | None = None, run: dict | None = None, **test) -> dict:
-    """`sira compare`: two TREC runs on the split's judged queries (sira_core.metrics.paired_comparison, `test`: its
+    """`sira compare`: two TREC runs on the split's judged queries (sira.core.metrics.paired_comparison, `test`: its
     permutations and seed when not its defaults); `base` / `run`: the runs already read."""
     qrels = resolve_dataset(dataset).qrels(split)
     return {"dataset": dataset, "split": split, "base_run": str(base_run), "run_file": str(run_file),
@@ -101,7 +101,7 @@ def compare_runs(warehouse: str, base: str, run: str, metric: str = "ndcg@10") -
 def query_detail(warehouse: str, base: str, run: str, qid: str, k: int = 10) -> dict:
     """One judged query in two runs: each run's top k with the judged relevance of every hit and the run's
     retrieval program, and the query's judgments."""
-    from pipelines.hit_details import read_documents
+    from sira.pipelines.hit_details import read_documents
 
     a, b = comparable(warehouse, base, run)
     dataset = resolve_dataset(a["source"])

@@ -7,16 +7,16 @@ the package; nothing is fetched from elsewhere).
                   -> {"hits": [{"doc_id", "score"}], "program": {RetrievalProgram}, "index_version", "preset",
                       "enriched", "proposer", "timing_ms": {...}}; with "explain" (k <= MAX_EXPLAIN_K) each hit
                       also has "title", "snippet", "contributions" (per term: original / expansion part,
-                      enrichment_only) and "injected" (pipelines.hit_details)
+                      enrichment_only) and "injected" (sira.pipelines.hit_details)
     GET  /health  -> {"status", "index_version", "num_docs", "shards", ...}
-    GET  /runs    -> {"runs": [...]}: the runs `sira eval` / `sira run` wrote in the warehouse (pipelines.runs)
+    GET  /runs    -> {"runs": [...]}: the runs `sira eval` / `sira run` wrote in the warehouse (sira.pipelines.runs)
     GET  /compare?base=RUN&run=RUN[&metric=ndcg@10]  -> `sira compare` of the two runs (the same numbers) with
                   each query's text; a browser (Accept: text/html) gets the compare page instead
     GET  /compare/query?base=RUN&run=RUN&qid=Q[&k=10]  -> that query's two rankings, relevance and programs
     GET  /        the search page;  GET /static/...  its CSS and scripts (no token needed for either)
 
-Shards live in Ray actors (pipelines.shard_actors) and are queried scatter-gather: every actor returns its
-top-k for the compiled query and sira_core.search.merge_ranked merges them by (score desc, doc id asc), so a
+Shards live in Ray actors (sira.pipelines.shard_actors) and are queried scatter-gather: every actor returns its
+top-k for the compiled query and sira.core.search.merge_ranked merges them by (score desc, doc id asc), so a
 response ranks exactly like the in-process Searcher. Limits answer 4xx JSON `{"error": ...}`: 400 invalid
 request, 401 missing / wrong bearer token (when one is configured, on every JSON endpoint but /health, which
 stays open for probes; the pages and their static files are open, and ask for the token), 404 unknown run or
@@ -43,15 +43,15 @@ import ray
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipelines.hit_details import hit_details
-from pipelines.llm_backends import BackendConfig
-from pipelines.online_proposer import OnlineProposer
-from pipelines.runs import RunNotFound, compare_runs, list_runs, query_detail
-from sira_core.analysis import Analyzer, AnalyzerConfig
-from sira_core.defaults import DEFAULT_TAU
-from sira_core.dfstats import DFTable, query_side_filter
-from sira_core.program import DEFAULT_W, RetrievalProgram
-from sira_core.search import compile_query, merge_ranked
+from sira.pipelines.hit_details import hit_details
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.online_proposer import OnlineProposer
+from sira.pipelines.runs import RunNotFound, compare_runs, list_runs, query_detail
+from sira.core.analysis import Analyzer, AnalyzerConfig
+from sira.core.defaults import DEFAULT_TAU
+from sira.core.dfstats import DFTable, query_side_filter
+from sira.core.program import DEFAULT_W, RetrievalProgram
+from sira.core.search import compile_query, merge_ranked
 
 log = logging.getLogger("sira.serve")
 
@@ -143,8 +143,8 @@ class SearchService:
               backend: BackendConfig | None = None, task: str = "generic", w: float = DEFAULT_W, tau: float = DEFAULT_TAU,
               ray_address: str | None = None, actors: list | None = None, follow: bool = False) -> "SearchService":
         """Find the index version, start one actor per shard (or use `actors`), load what expansion needs."""
-        from pipelines.ray_enrich import init_ray
-        from pipelines.shard_loader import find_index
+        from sira.pipelines.ray_enrich import init_ray
+        from sira.pipelines.shard_loader import find_index
 
         if follow and index_version is not None:
             raise ValueError("a server pinned to --index-version cannot follow newer versions")
@@ -157,8 +157,8 @@ class SearchService:
 
     def load(self, manifest: dict, actors: list | None = None) -> ServedIndex:
         """Load one version (blocking: shard actors start and read their shards; a broken shard fails here)."""
-        from pipelines.shard_actors import start_shard_actors
-        from pipelines.shard_loader import load_df_table
+        from sira.pipelines.shard_actors import start_shard_actors
+        from sira.pipelines.shard_loader import load_df_table
 
         proposer = OnlineProposer(self.warehouse, self.backend, self.task, manifest) if self.backend else None
         df_table = load_df_table(self.warehouse, manifest) if proposer is not None else None
@@ -192,7 +192,7 @@ class SearchService:
     async def refresh(self) -> bool:
         """Switch to the newest published version of the served kind if there is a newer one; True if switched.
         Any failure while loading leaves the current version serving."""
-        from pipelines.shard_loader import IndexNotFound, find_index
+        from sira.pipelines.shard_loader import IndexNotFound, find_index
 
         if self._switch_lock is None:
             self._switch_lock = asyncio.Lock()

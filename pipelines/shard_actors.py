@@ -1,6 +1,6 @@
 """Shards held by Ray actors and queried scatter-gather: each actor scores a batch of compiled queries on
 its shard (memory-mapped from the local shard cache, so actors of one machine share its pages); the caller
-merges the per-shard top-k columns (sira_core.search.merge_ranked)."""
+merges the per-shard top-k columns (sira.core.search.merge_ranked)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Sequence
 import pyarrow as pa
 import ray
 
-from pipelines.shard_cache import cached_shard
-from pipelines.shard_loader import load_shard
-from sira_core.bm25 import WeightedQuery
-from sira_core.hashing import term_id
+from sira.pipelines.shard_cache import cached_shard
+from sira.pipelines.shard_loader import load_shard
+from sira.core.bm25 import WeightedQuery
+from sira.core.hashing import term_id
 
 
 @ray.remote(num_cpus=0.25)  # fractional: on small machines whole-CPU actors starve everything else

@@ -42,7 +42,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from sira_core.bm25 import ShardIndex
+from sira.core.bm25 import ShardIndex
 
 log = logging.getLogger("sira.shard_cache")
 

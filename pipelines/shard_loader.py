@@ -9,13 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.delta_io import read_table, table_exists
-from pipelines.shard_cache import cached_shard
-from sira_core import tables
-from sira_core.analysis import Analyzer, AnalyzerConfig
-from sira_core.bm25 import CorpusStats, ShardIndex
-from sira_core.dfstats import DFTable
-from sira_core.search import Searcher
+from sira.pipelines.delta_io import read_table, table_exists
+from sira.pipelines.shard_cache import cached_shard
+from sira.core import tables
+from sira.core.analysis import Analyzer, AnalyzerConfig
+from sira.core.bm25 import CorpusStats, ShardIndex
+from sira.core.dfstats import DFTable
+from sira.core.search import Searcher
 
 
 class IndexNotFound(LookupError):
@@ -116,7 +116,7 @@ def load_searcher(
     enriched: bool | None = None,
 ) -> tuple[Searcher, dict]:
     """A searcher over all (or some) shards of one published index version, and its manifest row. Shards
-    are memory-mapped from the local cache, which is written from Delta on first use (pipelines.shard_cache)."""
+    are memory-mapped from the local cache, which is written from Delta on first use (sira.pipelines.shard_cache)."""
     manifest = find_index(warehouse, index_version, preset, enriched)
     wanted = range(manifest["num_shards"]) if shards is None else shards
     dfs = lru_cache(maxsize=1)(lambda: load_df_table(warehouse, manifest))  # read once, and only on a cache miss

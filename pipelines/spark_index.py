@@ -1,6 +1,6 @@
 """The Spark index build: docs (+ the corpus-side enrichment) -> one published index version, incrementally.
 
-An index version (layout 2, see sira_core.tables) is a list of immutable segments minus the version's tombstones,
+An index version (layout 2, see sira.core.tables) is a list of immutable segments minus the version's tombstones,
 with its own term statistics. One build (`build_index`) runs these steps, each a function below, and reports the
 seconds of each (`step_seconds`: analysis, original df, injections, segment plan, segment, term statistics,
 tombstones and injections, publish):
@@ -41,13 +41,13 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
-from pipelines.delta_io import read_table, table_exists, table_version
-from sira_core import tables
-from sira_core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, TermSet, index_text
-from sira_core.defaults import DEFAULT_TAU
-from sira_core.dfstats import phrase_candidates
-from sira_core.hashing import TERM_ID_SCHEME, doc_hash, term_id
-from sira_core.presets import IndexPreset
+from sira.pipelines.delta_io import read_table, table_exists, table_version
+from sira.core import tables
+from sira.core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, TermSet, index_text
+from sira.core.defaults import DEFAULT_TAU
+from sira.core.dfstats import phrase_candidates
+from sira.core.hashing import TERM_ID_SCHEME, doc_hash, term_id
+from sira.core.presets import IndexPreset
 
 
 class TermIdCollision(RuntimeError):
@@ -59,7 +59,7 @@ class MissingAnalysis(RuntimeError):
 
 
 def spark_ddl(schema: pa.Schema) -> str:
-    """A Spark DDL string for an Arrow schema of sira_core.tables (the one place schemas are spelled)."""
+    """A Spark DDL string for an Arrow schema of sira.core.tables (the one place schemas are spelled)."""
     def sql(t: pa.DataType) -> str:
         if pa.types.is_list(t):
             return f"array<{sql(t.value_type)}>"
@@ -373,8 +373,8 @@ def build_in_session(warehouse: str, preset_name: str, shards: int, spark_master
                      log=print, spark: SparkSession | None = None) -> dict:
     """`build_index` in `spark`, the active session, or a session of its own (stopped after: a caller's or a test's
     session stays up); its row with `built_at` as ISO text."""
-    from pipelines.spark_session import get_spark
-    from sira_core.presets import get_preset
+    from sira.pipelines.spark_session import get_spark
+    from sira.core.presets import get_preset
 
     preset = get_preset(preset_name)  # fail on a bad preset before starting a JVM
     own_session = spark is None and SparkSession.getActiveSession() is None
@@ -556,7 +556,7 @@ def _require_analysis(b: Build, keys: DataFrame, what: str) -> DataFrame:
 
 def find_base(b: Build) -> dict | None:
     """The newest published version this build can extend: same layout, analyzer, shards and enrichment choice."""
-    from pipelines.shard_loader import published_versions
+    from sira.pipelines.shard_loader import published_versions
 
     e = b.enrichment
     for row in reversed(published_versions(b.warehouse)):
@@ -814,7 +814,7 @@ def write_tombstones(b: Build, plan: SegmentPlan) -> int:
 
 
 def write_injections(b: Build, injections: DataFrame) -> int:
-    """What the DF rule decided for every candidate phrase of the version (pipelines.hit_details reads it back)."""
+    """What the DF rule decided for every candidate phrase of the version (sira.pipelines.hit_details reads it back)."""
     return _replace(_of_version(b, injections, tables.INJECTIONS_SCHEMA), b.uri(tables.INJECTIONS), "index_version",
                     b.version, ["index_version"])
 

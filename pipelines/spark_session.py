@@ -7,7 +7,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from sira_core.defaults import DEFAULT_SPARK_MASTER
+from sira.core.defaults import DEFAULT_SPARK_MASTER
 
 DEFAULT_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -17,7 +17,7 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Adaptive execution coalesces small shuffle partitions and splits skewed joins; the index build sizes the
-    # shuffle partitions from its input (pipelines.spark_index.size_shuffles) unless they are set explicitly.
+    # shuffle partitions from its input (sira.pipelines.spark_index.size_shuffles) unless they are set explicitly.
     "spark.sql.adaptive.enabled": "true",
     "spark.databricks.delta.snapshotPartitions": "2",
     # Broadcast relations and shuffle files are freed only after a GC finds their plans unreachable; a long build

@@ -6,9 +6,9 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from pipelines.delta_io import merge_rows, read_table, table_exists
-from sira_core import tables
-from sira_core.enrichment import task_for_dataset
+from sira.pipelines.delta_io import merge_rows, read_table, table_exists
+from sira.core import tables
+from sira.core.enrichment import task_for_dataset
 
 GENERIC_TASK = "generic"
 

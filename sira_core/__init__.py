@@ -1,7 +1,7 @@
 """SIRA's engine-free core: analysis, BM25 scoring with exact pruning, retrieval programs, the DF filters and the
 metrics; no Spark, Ray or Delta. The names below are its public API for use as a library, e.g.
 
-    from sira_core import build_searcher, get_preset
+    from sira.core import build_searcher, get_preset
     searcher = build_searcher([("d1", "Aspirin", "Aspirin lowers fever.")], get_preset("sira"))
     searcher.search("fever", k=10)
 
@@ -28,7 +28,7 @@ __all__ = sorted(_HOMES)
 def __getattr__(name: str):
     if name not in _HOMES:
         raise AttributeError(f"module 'sira_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"sira_core.{_HOMES[name]}"), name)
+    value = getattr(importlib.import_module(f"sira.core.{_HOMES[name]}"), name)
     globals()[name] = value
     return value
 

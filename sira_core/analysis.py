@@ -21,7 +21,7 @@ import numpy as np
 import Stemmer
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira_core.hashing import NGRAM_SEPARATOR, unigram_id
+from sira.core.hashing import NGRAM_SEPARATOR, unigram_id
 
 # Unicode word-boundary (UAX#29) approximation of Lucene's StandardTokenizer: letters and digits run
 # together; a single '.', ':' or apostrophe joins two letters, a single '.', ',', ';' or apostrophe joins two
@@ -55,7 +55,7 @@ class AnalyzerConfig(BaseModel):
 def load_stopwords(name: str) -> frozenset[str]:
     if name == "none":
         return frozenset()
-    text = resources.files("sira_core").joinpath(f"resources/stopwords_{name}.txt").read_text("utf-8")
+    text = resources.files("sira.core").joinpath(f"resources/stopwords_{name}.txt").read_text("utf-8")
     return frozenset(w for line in text.splitlines() if not line.startswith("#") for w in line.split())
 
 
@@ -233,7 +233,7 @@ class BatchAnalyzer:
 
     Per text, Python only finds the words and looks each up in a word cache (word -> stem index); stopwords,
     stemming and the unigram's hash happen once per distinct word. N-grams, their ids (the fold of
-    sira_core.hashing.combine_term_ids) and the per-document counts are one compiled pass over the batch. The result equals Analyzer.terms
+    sira.core.hashing.combine_term_ids) and the per-document counts are one compiled pass over the batch. The result equals Analyzer.terms
     (tests/test_analysis.py compares them). Keep one per process: the caches are what make it fast; they are
     emptied when they outgrow `cache_limit` words, so memory stays bounded on any corpus."""
 
@@ -293,7 +293,7 @@ _MIX2_U = np.uint64(0x94D049BB133111EB)
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _combine_u64(left, right):
-    """sira_core.hashing's fold step on uint64 (kept in uint64 throughout: numba widens mixed signs to float)."""
+    """sira.core.hashing's fold step on uint64 (kept in uint64 throughout: numba widens mixed signs to float)."""
     z = left * _GOLDEN_U + right + _OFFSET_U
     z = (z ^ (z >> np.uint64(30))) * _MIX1_U
     z = (z ^ (z >> np.uint64(27))) * _MIX2_U

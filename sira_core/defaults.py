@@ -1,5 +1,5 @@
 """The one home of the defaults that several jobs share. A job's config, the CLI and the library read them from here;
-a proposer's expansion weight is the proposer's own (sira_core.proposers), not listed here."""
+a proposer's expansion weight is the proposer's own (sira.core.proposers), not listed here."""
 
 from __future__ import annotations
 

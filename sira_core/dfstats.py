@@ -13,8 +13,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from sira_core.analysis import Analyzer
-from sira_core.hashing import term_id
+from sira.core.analysis import Analyzer
+from sira.core.hashing import term_id
 
 
 @dataclass(frozen=True)

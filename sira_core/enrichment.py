@@ -62,7 +62,7 @@ def check_task(task: str) -> str:
 @lru_cache(maxsize=None)
 def load_template(side: str, task: str) -> PromptTemplate:
     check_task(task)
-    text = resources.files("sira_core").joinpath(f"prompts/{side}/{task}.txt").read_text("utf-8")
+    text = resources.files("sira.core").joinpath(f"prompts/{side}/{task}.txt").read_text("utf-8")
     return PromptTemplate(side, task, text)
 
 

@@ -8,8 +8,8 @@ import re
 from collections import Counter
 from typing import Iterable, Mapping
 
-from sira_core.analysis import NGRAM_SEPARATOR, Analyzer
-from sira_core.program import RetrievalProgram
+from sira.core.analysis import NGRAM_SEPARATOR, Analyzer
+from sira.core.program import RetrievalProgram
 
 SNIPPET_WORDS = 40
 SNIPPET_LEAD = 2  # words of context before the first match
@@ -18,7 +18,7 @@ _WORD = re.compile(r"\w+(?:['\u2019]\w+)*")
 
 def part_weights(program: RetrievalProgram) -> dict[str, tuple[float, float]]:
     """Each query term's weight in the original part and in the expansion part; their sum is the weight the
-    compiled query gives it (sira_core.search.compile_query)."""
+    compiled query gives it (sira.core.search.compile_query)."""
     weights: dict[str, list[float]] = {}
     for part in program.parts():
         side = 0 if part.name == "original" else 1

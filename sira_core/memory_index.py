@@ -8,13 +8,13 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from sira_core.analysis import Analyzer, index_text, ngrams
-from sira_core.bm25 import CorpusStats, ShardIndex
-from sira_core.defaults import DEFAULT_TAU
-from sira_core.dfstats import corpus_side_filter
-from sira_core.hashing import shard_of, term_id
-from sira_core.presets import IndexPreset
-from sira_core.search import Searcher
+from sira.core.analysis import Analyzer, index_text, ngrams
+from sira.core.bm25 import CorpusStats, ShardIndex
+from sira.core.defaults import DEFAULT_TAU
+from sira.core.dfstats import corpus_side_filter
+from sira.core.hashing import shard_of, term_id
+from sira.core.presets import IndexPreset
+from sira.core.search import Searcher
 
 
 def build_searcher(docs: Iterable[tuple[str, str, str]], preset: IndexPreset, num_shards: int = 1,

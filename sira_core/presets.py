@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira_core.analysis import AnalyzerConfig
+from sira.core.analysis import AnalyzerConfig
 
 
 class BM25Params(BaseModel):

@@ -14,10 +14,10 @@ from typing import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira_core.analysis import NGRAM_SEPARATOR, Analyzer
-from sira_core.dfstats import ExpansionDecision, query_side_filter
-from sira_core.proposers import Proposal
-from sira_core.search import QueryPart
+from sira.core.analysis import NGRAM_SEPARATOR, Analyzer
+from sira.core.dfstats import ExpansionDecision, query_side_filter
+from sira.core.proposers import Proposal
+from sira.core.search import QueryPart
 
 DEFAULT_W = 0.5
 

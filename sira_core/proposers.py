@@ -24,8 +24,8 @@ from typing import Iterable, Literal, Mapping, Protocol, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira_core.analysis import NGRAM_SEPARATOR, Analyzer
-from sira_core.defaults import DEFAULT_TAU
+from sira.core.analysis import NGRAM_SEPARATOR, Analyzer
+from sira.core.defaults import DEFAULT_TAU
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class EncoderProposerConfig(BaseModel):
 
 
 # The expansion weight w that goes with the encoder proposer (chosen with the settings above); LLM proposers keep
-# the paper's 0.5 (sira_core.program.DEFAULT_W).
+# the paper's 0.5 (sira.core.program.DEFAULT_W).
 ENCODER_DEFAULT_W = 0.25
 
 _HAS_LETTER = re.compile(r"[^\W\d_]")

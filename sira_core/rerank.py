@@ -18,7 +18,7 @@ import math
 import re
 from typing import Mapping, Sequence
 
-from sira_core.enrichment import PromptTemplate, _first_json, load_template
+from sira.core.enrichment import PromptTemplate, _first_json, load_template
 
 RERANK_VARIANT = "sira+rerank"  # the one evaluation variant that is not a single BM25 call
 RERANK_DEPTH = 20

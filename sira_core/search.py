@@ -18,10 +18,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from sira_core.analysis import Analyzer
-from sira_core.bm25 import (IMPACT_DTYPE, CorpusStats, ShardIndex, WeightedQuery, as_doc_id_array, doc_id_buffers,
+from sira.core.analysis import Analyzer
+from sira.core.bm25 import (IMPACT_DTYPE, CorpusStats, ShardIndex, WeightedQuery, as_doc_id_array, doc_id_buffers,
                              merge_top_k)
-from sira_core.hashing import term_id
+from sira.core.hashing import term_id
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Searcher:
         """Rank a batch of queries (texts, query parts or compiled queries); each shard scores the batch in
         one compiled call. `constraints[i]` = (must terms, exclude terms): index terms a hit must / must not
         hold. `exclude_doc_ids[i]`: doc ids query i never returns (the k hits are filled without them).
-        `scorer`: "auto", "pruned" or "exhaustive" (sira_core.bm25), all with the same results."""
+        `scorer`: "auto", "pruned" or "exhaustive" (sira.core.bm25), all with the same results."""
         compiled = [self.compile(q) for q in queries]
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints] \
             if constraints is not None else None
@@ -194,7 +194,7 @@ class Searcher:
         return ranking.hits(compiled if explain else None)
 
     def run_program(self, program, k: int = 10, exclude_doc_ids: Iterable[str] = (), explain: bool = False) -> list[Hit]:
-        """One call of the searcher for a RetrievalProgram (sira_core.program)."""
+        """One call of the searcher for a RetrievalProgram (sira.core.program)."""
         return self.search(program.parts(), k, exclude_doc_ids, explain, program.must, program.exclude)
 
     def search_many(self, queries: Sequence[Query], k: int = 10,

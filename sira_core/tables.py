@@ -128,10 +128,10 @@ INDEX_LAYOUT = 2
 DOC_ANALYSIS = "doc_analysis"
 DOC_ANALYSIS_SCHEMA = pa.schema([
     ("analyzer_key", pa.string()), ("doc_id", pa.string()), ("content_hash", pa.string()),
-    ("doc_hash", pa.int64()),  # sira_core.hashing.doc_hash: shard = doc_hash % shards
+    ("doc_hash", pa.int64()),  # sira.core.hashing.doc_hash: shard = doc_hash % shards
     ("doc_len", pa.int32()), ("term_ids", pa.list_(pa.int64())), ("tfs", pa.list_(pa.int32())),
 ])
-# The enrichment phrases of each document after the checks that need only its text (sira_core.dfstats
+# The enrichment phrases of each document after the checks that need only its text (sira.core.dfstats
 # .phrase_candidates); `reason` null: the DF rule decides at each build. Key (analyzer_key, doc_id,
 # content_hash, phrases_key).
 PHRASE_ANALYSIS = "phrase_analysis"

@@ -20,7 +20,7 @@ import pytest
 # The fake OpenAI-compatible server and its fixtures (fake_openai, fake_openai_server).
 pytest_plugins = ["fake_openai"]
 
-# Cached shards (pipelines.shard_cache) go to a folder of this test session, never to ~/.cache; jobs started as
+# Cached shards (sira.pipelines.shard_cache) go to a folder of this test session, never to ~/.cache; jobs started as
 # subprocesses inherit it.
 SHARD_CACHE = tempfile.mkdtemp(prefix="sira-shard-cache-")
 os.environ["SIRA_SHARD_CACHE"] = SHARD_CACHE
@@ -72,10 +72,10 @@ JOB_ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own
 
 
 def start_job(args: list[str], log: Path) -> subprocess.Popen:
-    """`python -m jobs.cli ARGS` in a session of its own, so that SIGKILL takes its whole process group (its local
+    """`python -m sira.jobs.cli ARGS` in a session of its own, so that SIGKILL takes its whole process group (its local
     Ray and JVM included)."""
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=JOB_ENV, stdout=out,
+        return subprocess.Popen([sys.executable, "-m", "sira.jobs.cli", *args], cwd=REPO, env=JOB_ENV, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -96,9 +96,9 @@ def require_local_model() -> None:
     """Skip unless the `local` extra (llama.cpp) and its packaged model are installed."""
     import importlib.util
 
-    from pipelines import local_llm
+    from sira.pipelines import local_llm
 
-    # find_spec, not importorskip: llama_cpp must first be imported after pipelines.local_llm (OMP_WAIT_POLICY).
+    # find_spec, not importorskip: llama_cpp must first be imported after sira.pipelines.local_llm (OMP_WAIT_POLICY).
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("the `local` extra is not installed")
     try:
@@ -115,7 +115,7 @@ def tiny_beir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
-    from pipelines.spark_session import get_spark
+    from sira.pipelines.spark_session import get_spark
 
     # One JVM serves the whole suite (~100 builds). A hash relation built for a broadcast join holds at least one
     # memory page (32 MB at this heap by default) until the ContextCleaner frees it after a GC of the plan that
@@ -130,8 +130,8 @@ def spark():
 @pytest.fixture(scope="session")
 def tiny_warehouse(tmp_path_factory, tiny_beir, spark) -> str:
     """Tiny corpus ingested, then indexed twice with the sira preset: v1 with 1 shard, v2 with 3 shards."""
-    from jobs import index as index_job
-    from jobs import ingest as ingest_job
+    from sira.jobs import index as index_job
+    from sira.jobs import ingest as ingest_job
 
     wh = str(tmp_path_factory.mktemp("wh") / "tiny")
     ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))

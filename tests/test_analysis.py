@@ -1,5 +1,5 @@
-from sira_core.analysis import Analyzer, AnalyzerConfig, ngrams
-from sira_core.presets import get_preset
+from sira.core.analysis import Analyzer, AnalyzerConfig, ngrams
+from sira.core.presets import get_preset
 
 
 def test_sira_preset_folds_lowercases_stems_and_drops_stopwords():
@@ -57,8 +57,8 @@ from collections import Counter  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from sira_core.analysis import BatchAnalyzer, TermSet  # noqa: E402
-from sira_core.hashing import term_id  # noqa: E402
+from sira.core.analysis import BatchAnalyzer, TermSet  # noqa: E402
+from sira.core.hashing import term_id  # noqa: E402
 
 TRICKY = ["", "the a an of", "Café naïve Über-größe ﬁnance", "x\u0301\u0302y \U0001D165z", "don't U.S. 3.5 1,000 "
           "John's dog\u2019s e.g. IL-6", "a b a b a b", "Résumé résumé RESUME", "日本語 テキスト", "snake_case x_y"]

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sira_core.datasets import resolve_dataset
-from sira_core.metrics import answer_coverage
+from sira.core.datasets import resolve_dataset
+from sira.core.metrics import answer_coverage
 
 from conftest import write_beir_folder
 

@@ -4,11 +4,11 @@ import random
 import numpy as np
 import pytest
 
-from sira_core.analysis import AnalyzerConfig
-from sira_core.bm25 import idf, saturated_tf
-from sira_core.memory_index import build_searcher
-from sira_core.presets import BM25Params, IndexPreset
-from sira_core.search import QueryPart, compile_query
+from sira.core.analysis import AnalyzerConfig
+from sira.core.bm25 import idf, saturated_tf
+from sira.core.memory_index import build_searcher
+from sira.core.presets import BM25Params, IndexPreset
+from sira.core.search import QueryPart, compile_query
 
 PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stemmer="none", max_n=1),
                     bm25=BM25Params(k1=1.2, b=0.75))

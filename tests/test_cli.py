@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from sira.jobs.cli import app
 from conftest import TINY_DOCS, write_beir_folder
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ def test_datasets_whose_queries_are_documents_drop_the_query_itself(tmp_path, sp
 
 
 def test_errors_are_one_clear_line_and_exit_code_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "search", "x", "--warehouse", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "search", "x", "--warehouse", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "no published index" in proc.stderr and "Traceback" not in proc.stderr
@@ -98,10 +98,10 @@ def test_search_expand_through_an_openai_compatible_server(tmp_path, tiny_beir, 
 
 def test_the_expansion_weight_flag_no_longer_sits_beside_the_warehouse_flag(tmp_path):
     # `--w` (the old spelling) still parses, with a warning; `-w` is only ever the warehouse.
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "search", "x", "-w", str(tmp_path), "--w", "0.3"],
+    proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "search", "x", "-w", str(tmp_path), "--w", "0.3"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no published index" in proc.stderr
     assert "--w is deprecated" in proc.stderr and "--expansion-weight" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "search", "x", "-w", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "search", "x", "-w", str(tmp_path),
                            "--expansion-weight", "0.3"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "deprecated" not in proc.stderr

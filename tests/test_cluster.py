@@ -30,11 +30,11 @@ import pyspark
 import pytest
 
 from conftest import JOB_ENV, REPO, TINY_QUERIES
-from jobs import index as index_job
-from jobs import ingest as ingest_job
-from pipelines.delta_io import read_table
-from pipelines.ray_enrich import ray_address
-from pipelines.shard_loader import load_searcher
+from sira.jobs import index as index_job
+from sira.jobs import ingest as ingest_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.ray_enrich import ray_address
+from sira.pipelines.shard_loader import load_searcher
 
 pytestmark = pytest.mark.integration
 
@@ -97,9 +97,9 @@ def wait_until(ready, what: str, log: Path) -> None:
 
 
 def run_job(args: list[str], env: dict[str, str], log: Path) -> int:
-    """`python -m jobs.cli ARGS` in a session of its own; stops whatever it leaves behind; returns its pid."""
+    """`python -m sira.jobs.cli ARGS` in a session of its own; stops whatever it leaves behind; returns its pid."""
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=env, stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "sira.jobs.cli", *args], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         code = proc.wait(timeout=JOB_TIMEOUT_S)

@@ -9,15 +9,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sira_core.analysis import Analyzer
-from sira_core.presets import get_preset
-from sira_core.proposers import (EncoderProposerConfig, Vocabulary, nearest_entries, surface_forms,
+from sira.core.analysis import Analyzer
+from sira.core.presets import get_preset
+from sira.core.proposers import (EncoderProposerConfig, Vocabulary, nearest_entries, surface_forms,
                                  vocabulary_entries)
 
 
 @pytest.fixture(scope="module")
 def encoder():
-    from pipelines.encoder_proposer import shared_encoder
+    from sira.pipelines.encoder_proposer import shared_encoder
 
     return shared_encoder()
 
@@ -104,8 +104,8 @@ def test_config_version_changes_with_settings():
 
 @pytest.fixture(scope="module")
 def encoder_warehouse(tmp_path_factory, tiny_beir, spark):
-    from jobs import index as index_job
-    from jobs import ingest as ingest_job
+    from sira.jobs import index as index_job
+    from sira.jobs import ingest as ingest_job
 
     wh = str(tmp_path_factory.mktemp("encoder") / "tiny")
     ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))
@@ -115,9 +115,9 @@ def encoder_warehouse(tmp_path_factory, tiny_beir, spark):
 
 @pytest.mark.integration
 def test_enrich_with_the_encoder_proposer_is_incremental(encoder_warehouse):
-    from jobs import enrich as enrich_job
-    from pipelines.delta_io import read_table
-    from pipelines.llm_backends import BackendConfig
+    from sira.jobs import enrich as enrich_job
+    from sira.pipelines.delta_io import read_table
+    from sira.pipelines.llm_backends import BackendConfig
 
     backend = BackendConfig(backend="encoder", encoder=EncoderProposerConfig(proposals=4, vocabulary_tau=0.5,
                                                                              min_similarity=0.0))
@@ -140,10 +140,10 @@ def test_enrich_with_the_encoder_proposer_is_incremental(encoder_warehouse):
 
 @pytest.mark.integration
 def test_vocabulary_cache_is_per_index_version(encoder_warehouse, spark):
-    from jobs import index as index_job
-    from pipelines import encoder_proposer
-    from pipelines.delta_io import read_table
-    from pipelines.shard_loader import find_index
+    from sira.jobs import index as index_job
+    from sira.pipelines import encoder_proposer
+    from sira.pipelines.delta_io import read_table
+    from sira.pipelines.shard_loader import find_index
 
     cfg = EncoderProposerConfig(vocabulary_tau=0.5)
     v1 = find_index(encoder_warehouse, enriched=False)
@@ -175,9 +175,9 @@ def test_vocabulary_cache_is_per_index_version(encoder_warehouse, spark):
 
 @pytest.mark.integration
 def test_eval_both_sides_with_the_encoder_applies_the_df_filter_after_proposing(encoder_warehouse, tiny_beir):
-    from jobs import eval as eval_job
-    from pipelines.delta_io import read_table
-    from pipelines.llm_backends import BackendConfig
+    from sira.jobs import eval as eval_job
+    from sira.pipelines.delta_io import read_table
+    from sira.pipelines.llm_backends import BackendConfig
 
     # The vocabulary admits terms in up to 90% of the docs; the query-side filter (tau 0.15) then rejects the
     # common ones: the proposer proposes, the DF statistics decide.

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from sira_core.analysis import Analyzer, AnalyzerConfig
-from sira_core.dfstats import contains_sequence, corpus_side_filter
-from sira_core.enrichment import TASKS, document_input, load_template, parse_phrases, task_for_dataset
+from sira.core.analysis import Analyzer, AnalyzerConfig
+from sira.core.dfstats import contains_sequence, corpus_side_filter
+from sira.core.enrichment import TASKS, document_input, load_template, parse_phrases, task_for_dataset
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -87,8 +87,8 @@ def test_corpus_side_filter_worked_example():
 
 def test_query_side_filter_worked_example():
     # |C| = 20, tau = 0.1: keep a phrase when any sub-n-gram has 0 < DF <= 2 in the enriched index.
-    from sira_core.dfstats import DFTable, query_side_filter
-    from sira_core.hashing import term_id
+    from sira.core.dfstats import DFTable, query_side_filter
+    from sira.core.hashing import term_id
 
     analyzer = Analyzer(AnalyzerConfig(stemmer="none", stopwords="nltk127", max_n=2))
     df = {"heart": 5, "attack": 3, "heart attack": 1, "blood": 10, "pressure": 4, "blood pressure": 3}
@@ -103,8 +103,8 @@ def test_query_side_filter_worked_example():
 
 
 def test_a_phrase_with_the_terms_of_an_earlier_one_is_a_duplicate():
-    from sira_core.dfstats import DFTable, query_side_filter
-    from sira_core.hashing import term_id
+    from sira.core.dfstats import DFTable, query_side_filter
+    from sira.core.hashing import term_id
 
     analyzer = Analyzer(AnalyzerConfig(max_n=2))  # Snowball: "attacks" stems like "attack"
     df = {"heart": 1, "attack": 1, "heart attack": 1}

@@ -1,12 +1,12 @@
-"""sira_core.explain: a hit's contributions told apart by query part and by where the document holds the term."""
+"""sira.core.explain: a hit's contributions told apart by query part and by where the document holds the term."""
 
 import pytest
 
-from sira_core.analysis import Analyzer, AnalyzerConfig
-from sira_core.dfstats import ExpansionDecision
-from sira_core.explain import explain_hit, part_weights, snippet
-from sira_core.program import RetrievalProgram
-from sira_core.search import compile_query
+from sira.core.analysis import Analyzer, AnalyzerConfig
+from sira.core.dfstats import ExpansionDecision
+from sira.core.explain import explain_hit, part_weights, snippet
+from sira.core.program import RetrievalProgram
+from sira.core.search import compile_query
 
 ANALYZER = Analyzer(AnalyzerConfig(max_n=2))
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from conftest import TINY_DOCS, TINY_QUERIES, write_beir_folder
-from jobs import index as index_job
-from jobs import ingest as ingest_job
-from pipelines.delta_io import read_table
-from pipelines.ray_enrich import commit
-from pipelines.shard_loader import find_index, load_searcher
-from sira_core import tables
-from sira_core.hashing import term_id
+from sira.jobs import index as index_job
+from sira.jobs import ingest as ingest_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.ray_enrich import commit
+from sira.pipelines.shard_loader import find_index, load_searcher
+from sira.core import tables
+from sira.core.hashing import term_id
 from test_index_enrichment import enrichment_rows
 
 pytestmark = pytest.mark.integration
@@ -180,7 +180,7 @@ def test_a_term_in_every_document_builds_under_a_small_heap(tmp_path):
     env = {**os.environ, "SIRA_SPARK_CONF": SMALL_HEAP}
     for args in (["ingest", str(source), "-w", wh],
                  ["index", "-w", wh, "--preset", "pyserini-flat", "--shards", "2", "--no-enrichment"]):
-        proc = subprocess.run([sys.executable, "-m", "jobs.cli", *args], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", *args], env=env, capture_output=True, text=True,
                               timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = find_index(wh)
@@ -194,7 +194,7 @@ def test_a_term_in_every_document_builds_under_a_small_heap(tmp_path):
 
 def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_full(nights, tmp_path, spark,
                                                                                    monkeypatch):
-    from pipelines import spark_index
+    from sira.pipelines import spark_index
 
     _, reference, _, _ = nights
     monkeypatch.setattr(spark_index, "STALE_ANALYSIS_FRACTION", 0.1)

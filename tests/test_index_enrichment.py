@@ -6,15 +6,15 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from jobs import index as index_job
-from jobs import ingest as ingest_job
-from pipelines.delta_io import read_table
-from pipelines.ray_enrich import commit
-from pipelines.shard_loader import find_index, load_searcher
-from sira_core import tables
-from sira_core.analysis import Analyzer
-from sira_core.memory_index import index_text
-from sira_core.presets import get_preset
+from sira.jobs import index as index_job
+from sira.jobs import ingest as ingest_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.ray_enrich import commit
+from sira.pipelines.shard_loader import find_index, load_searcher
+from sira.core import tables
+from sira.core.analysis import Analyzer
+from sira.core.memory_index import index_text
+from sira.core.presets import get_preset
 
 from conftest import TINY_DOCS
 
@@ -93,7 +93,7 @@ def test_enriched_index_finds_documents_by_their_new_vocabulary(enriched_warehou
 
 
 def test_eval_doc_variant_uses_the_enriched_index(enriched_warehouse, tiny_beir):
-    from jobs import eval as eval_job
+    from sira.jobs import eval as eval_job
 
     doc = eval_job.run(eval_job.EvalConfig(dataset=str(tiny_beir), warehouse=enriched_warehouse, variant="doc",
                                            tau=0.25, shards=2))

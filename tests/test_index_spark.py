@@ -4,13 +4,13 @@ from collections import Counter
 
 import pytest
 
-from jobs import index as index_job
-from pipelines.delta_io import read_table
-from pipelines.shard_loader import find_index, load_searcher, published_versions
-from pipelines.spark_index import _replace
-from sira_core.analysis import Analyzer
-from sira_core.memory_index import build_searcher, index_text
-from sira_core.presets import get_preset
+from sira.jobs import index as index_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.shard_loader import find_index, load_searcher, published_versions
+from sira.pipelines.spark_index import _replace
+from sira.core.analysis import Analyzer
+from sira.core.memory_index import build_searcher, index_text
+from sira.core.presets import get_preset
 
 from conftest import TINY_DOCS, TINY_QUERIES
 

@@ -24,7 +24,7 @@ import pytest
 import typer
 import yaml
 
-from jobs.cli import app
+from sira.jobs.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
@@ -140,7 +140,7 @@ def pyspark_jars() -> Path:
 
 
 def resolves(dotted: str) -> bool:
-    """A module, or an attribute of one (`pipelines.spark_session.get_spark`)."""
+    """A module, or an attribute of one (`sira.pipelines.spark_session.get_spark`)."""
     parts = dotted.split(".")
     for n in range(len(parts), 0, -1):
         try:
@@ -250,8 +250,8 @@ def test_executable_invocations_parse_with_the_cli(monkeypatch):
 
 
 def test_backend_and_preset_values_exist():
-    from pipelines.llm_backends import BackendConfig
-    from sira_core.presets import PRESETS
+    from sira.pipelines.llm_backends import BackendConfig
+    from sira.core.presets import PRESETS
 
     backends = set(typing.get_args(BackendConfig.model_fields["backend"].annotation))
     for inv in invocations():
@@ -282,7 +282,7 @@ def test_delta_coordinate_and_confs_are_the_ones_get_spark_uses():
     from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
-    from pipelines.spark_session import DEFAULT_CONF
+    from sira.pipelines.spark_session import DEFAULT_CONF
 
     expected = configure_spark_with_delta_pip(SparkSession.builder)._options["spark.jars.packages"]
     assert expected == f"io.delta:delta-spark_{'.'.join(metadata.version('pyspark').split('.')[:2])}_2.13:" \

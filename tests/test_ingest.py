@@ -5,10 +5,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.ingest import IngestConfig, run
-from pipelines.ingest import content_hash
-from pipelines.delta_io import read_table
-from sira_core.datasets import DatasetNotFound, resolve_beir, resolve_corpus
+from sira.jobs.ingest import IngestConfig, run
+from sira.pipelines.ingest import content_hash
+from sira.pipelines.delta_io import read_table
+from sira.core.datasets import DatasetNotFound, resolve_beir, resolve_corpus
 
 
 def write_lines(path, lines: list[bytes]):
@@ -99,7 +99,7 @@ def test_merge_refuses_a_snapshot_that_would_empty_the_corpus(tmp_path):
 
 
 def test_a_merge_makes_the_table_equal_the_snapshot_and_keeps_unchanged_rows(tmp_path, monkeypatch):
-    import pipelines.ingest as ingest_module
+    import sira.pipelines.ingest as ingest_module
 
     monkeypatch.setattr(ingest_module, "MERGE_BATCH_ROWS", 4)  # several batches meet the table's keys
     wh = str(tmp_path / "wh")
@@ -124,7 +124,7 @@ def test_the_prompt_task_is_recorded_at_ingest_never_guessed_from_the_warehouse_
     from pydantic import ValidationError
 
     from conftest import write_beir_folder
-    from pipelines.warehouse_info import warehouse_task
+    from sira.pipelines.warehouse_info import warehouse_task
 
     corpus = write_lines(tmp_path / "corpus.jsonl", [json.dumps({"_id": "1", "text": "a document"}).encode()])
     named_like_a_dataset = str(tmp_path / "warehouses" / "scifact")

@@ -1,6 +1,6 @@
 """Reliability (issue 7): `sira index` and `sira query` killed with SIGKILL part-way, then run again, end exactly
 where an uninterrupted job ends: nothing lost, nothing duplicated, and readers never see a half-written index
-version. Each killed job runs as a real `python -m jobs.cli` process in a session of its own, so that SIGKILL takes
+version. Each killed job runs as a real `python -m sira.jobs.cli` process in a session of its own, so that SIGKILL takes
 its whole process group (the Spark JVM, the local Ray) like an OOM kill or a lost machine would; the reruns and the
 uninterrupted references run in this process (a cold JVM or Ray start costs a minute on 2 cores). The enrich case is
 test_enrich_openai.py::test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates."""
@@ -18,14 +18,14 @@ from typing import Callable
 import pytest
 
 from conftest import TINY_DOCS, TINY_QUERIES, kill_when, start_job, write_beir_folder
-from jobs import index as index_job
-from jobs import ingest as ingest_job
-from jobs import query as query_job
-from pipelines.delta_io import read_table, table_version
-from pipelines.llm_backends import BackendConfig
-from pipelines.ray_enrich import commit
-from pipelines.shard_loader import IndexNotFound, find_index, load_searcher, published_versions
-from sira_core import tables
+from sira.jobs import index as index_job
+from sira.jobs import ingest as ingest_job
+from sira.jobs import query as query_job
+from sira.pipelines.delta_io import read_table, table_version
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.ray_enrich import commit
+from sira.pipelines.shard_loader import IndexNotFound, find_index, load_searcher, published_versions
+from sira.core import tables
 from test_index_enrichment import enrichment_rows
 
 pytestmark = pytest.mark.integration

@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 
 from conftest import require_local_model
-from pipelines import local_llm
-from pipelines.llm_backends import OUTPUT_COLUMNS, BackendConfig
-from sira_core.enrichment import document_input, load_template, parse_phrases
+from sira.pipelines import local_llm
+from sira.pipelines.llm_backends import OUTPUT_COLUMNS, BackendConfig
+from sira.core.enrichment import document_input, load_template, parse_phrases
 
 
 def scifact_docs(n: int) -> list[dict]:
-    from sira_core.datasets import DatasetNotFound, resolve_beir
+    from sira.core.datasets import DatasetNotFound, resolve_beir
 
     try:
         path = resolve_beir("scifact", download=False) / "corpus.jsonl.gz"
@@ -179,7 +179,7 @@ def test_local_stage_runs_one_single_thread_engine_per_core(monkeypatch):
     """The Ray stage's layout: with concurrency unset, one actor per Ray CPU, each told to use one thread."""
     import ray
 
-    from pipelines import llm_backends
+    from sira.pipelines import llm_backends
 
     seen = {}
 
@@ -199,7 +199,7 @@ def test_a_judge_prompt_is_decoded_once_under_its_grammar_without_keyword_exampl
     """The rerank judge's prompt has a `Query:` line too; it must not get the keyword examples or the
     keyword decoding."""
     llm = ScriptedLlama("unused", '{"score": 87}')
-    from sira_core.rerank import load_rerank_template, render_judgment
+    from sira.core.rerank import load_rerank_template, render_judgment
 
     prompt = render_judgment(load_rerank_template(), "aspirin", "Aspirin lowers fever.")
     row = scripted_actor(llm, keywords=False).generate(prompt)

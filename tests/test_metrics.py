@@ -1,11 +1,11 @@
-"""Run files and the paired comparison of two runs (sira_core.metrics, `sira compare`)."""
+"""Run files and the paired comparison of two runs (sira.core.metrics, `sira compare`)."""
 
 import json
 import math
 
 import pytest
 
-from sira_core.metrics import evaluate_run, paired_comparison, read_trec_run, write_trec_run
+from sira.core.metrics import evaluate_run, paired_comparison, read_trec_run, write_trec_run
 
 QRELS = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"c": 1}, "q4": {"d": 1}}
 
@@ -43,7 +43,7 @@ def test_paired_comparison_worked_example():
 def test_compare_command(tmp_path, tiny_beir):
     from typer.testing import CliRunner
 
-    from jobs.cli import app
+    from sira.jobs.cli import app
 
     qrels = {"q1": {"d01": 1, "d02": 1}, "q2": {"d05": 2, "d12": 1}, "q3": {"d10": 1, "d06": 1}, "q4": {"d09": 1},
              "q5": {"d03": 1}}

@@ -15,15 +15,15 @@ from typer.testing import CliRunner
 
 from conftest import TINY_DOCS
 from fake_openai import document_of
-from jobs import cli
-from jobs import nightly as nightly_job
-from pipelines.delta_io import read_table
-from pipelines.llm_backends import BackendConfig
-from pipelines.retention import expire_versions, expired_versions
-from pipelines.shard_loader import IndexNotFound, find_index, load_searcher, published_versions
-from pipelines.tracking import TrackingConfig
-from sira_core import tables
-from sira_core.enrichment import document_input
+from sira.jobs import cli
+from sira.jobs import nightly as nightly_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.retention import expire_versions, expired_versions
+from sira.pipelines.shard_loader import IndexNotFound, find_index, load_searcher, published_versions
+from sira.pipelines.tracking import TrackingConfig
+from sira.core import tables
+from sira.core.enrichment import document_input
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def snapshot(path: Path, docs) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    from pipelines.ray_enrich import init_ray
+    from sira.pipelines.ray_enrich import init_ray
 
     init_ray()
 
@@ -131,9 +131,9 @@ def test_retention_keeps_the_newest_of_each_kind_and_everything_inside_the_windo
 def test_a_following_server_switches_versions_under_load_without_errors(tmp_path, spark):
     """Readers during a publish: a loaded server keeps answering while a new version is built and published, every
     answer comes whole from one version, and it switches to the new one without downtime."""
-    from jobs import index as index_job
-    from jobs import ingest as ingest_job
-    from pipelines.serve import Limits, SearchService, build_app
+    from sira.jobs import index as index_job
+    from sira.jobs import ingest as ingest_job
+    from sira.pipelines.serve import Limits, SearchService, build_app
     from test_serve import RunningServer, call
 
     wh = str(tmp_path / "wh")

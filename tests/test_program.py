@@ -2,11 +2,11 @@
 
 import pytest
 
-from sira_core.analysis import AnalyzerConfig
-from sira_core.dfstats import ExpansionDecision
-from sira_core.memory_index import build_searcher
-from sira_core.presets import BM25Params, IndexPreset
-from sira_core.program import RetrievalProgram, constraint_terms
+from sira.core.analysis import AnalyzerConfig
+from sira.core.dfstats import ExpansionDecision
+from sira.core.memory_index import build_searcher
+from sira.core.presets import BM25Params, IndexPreset
+from sira.core.program import RetrievalProgram, constraint_terms
 
 PRESET = IndexPreset(name="t", analyzer=AnalyzerConfig(stemmer="none", max_n=2), bm25=BM25Params())
 DOCS = [("a", "", "heart attack aspirin"), ("b", "", "myocardial infarction statins"),
@@ -67,9 +67,9 @@ def test_constraint_of_only_stopwords_is_a_clear_error(searcher):
 
 
 def test_the_expansion_weight_is_the_given_one_else_the_proposers_own():
-    from pipelines.backend_config import BackendConfig
-    from sira_core.program import DEFAULT_W
-    from sira_core.proposers import ENCODER_DEFAULT_W
+    from sira.pipelines.backend_config import BackendConfig
+    from sira.core.program import DEFAULT_W
+    from sira.core.proposers import ENCODER_DEFAULT_W
 
     assert BackendConfig(backend="encoder").resolve_w(None) == ENCODER_DEFAULT_W
     assert BackendConfig(backend="openai", model="m").resolve_w(None) == DEFAULT_W

@@ -7,15 +7,15 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
-from pipelines.delta_io import read_table
-from pipelines.proposal_transfer import export_proposals, import_proposals
-from pipelines.ray_enrich import commit
-from sira_core import tables
+from sira.jobs.cli import app
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.proposal_transfer import export_proposals, import_proposals
+from sira.pipelines.ray_enrich import commit
+from sira.core import tables
 
 
 def _ingested(tmp_path, tiny_beir, name):
-    from jobs import ingest as ingest_job
+    from sira.jobs import ingest as ingest_job
 
     wh = str(tmp_path / name)
     ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))

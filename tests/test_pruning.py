@@ -5,12 +5,12 @@ documents, floors from other shards, one shard or several."""
 import numpy as np
 import pytest
 
-from sira_core import bm25
-from sira_core.analysis import AnalyzerConfig
-from sira_core.bm25 import CorpusStats, ShardIndex, WeightedQuery
-from sira_core.memory_index import build_searcher
-from sira_core.presets import BM25Params, IndexPreset
-from sira_core.search import QueryPart, merge_ranked
+from sira.core import bm25
+from sira.core.analysis import AnalyzerConfig
+from sira.core.bm25 import CorpusStats, ShardIndex, WeightedQuery
+from sira.core.memory_index import build_searcher
+from sira.core.presets import BM25Params, IndexPreset
+from sira.core.search import QueryPart, merge_ranked
 
 PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stemmer="none", max_n=1),
                     bm25=BM25Params(k1=1.2, b=0.75))

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from jobs import eval as eval_job
-from jobs import index as index_job
-from jobs import ingest as ingest_job
-from pipelines.delta_io import read_table
-from pipelines.llm_backends import BackendConfig
-from pipelines.ray_enrich import commit
+from sira.jobs import eval as eval_job
+from sira.jobs import index as index_job
+from sira.jobs import ingest as ingest_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.ray_enrich import commit
 from test_index_enrichment import enrichment_rows
 
 pytestmark = pytest.mark.integration
@@ -63,8 +63,8 @@ def test_sira_variant_validates_against_the_enriched_index(warehouse, tiny_beir,
 
 
 def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_openai, tmp_path, spark):
-    from jobs import query as query_job
-    from pipelines.shard_loader import load_searcher
+    from sira.jobs import query as query_job
+    from sira.pipelines.shard_loader import load_searcher
 
     # A query text of its own: expansions are cached by text, and other tests expand "heart attack risk".
     fake_openai.answers = {"heart attack prevention": ["myocardial infarction"]}
@@ -79,7 +79,7 @@ def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_opena
     program = json.loads(runs["q1"]["program"])
     assert [(e["phrase"], e["kept"]) for e in program["expansions"]] == [("myocardial infarction", True)]
     # Scatter-gather over shard actors ranks exactly like the in-process searcher running the same program.
-    from sira_core.program import RetrievalProgram
+    from sira.core.program import RetrievalProgram
     searcher, _ = load_searcher(warehouse, runs["q1"]["index_version"])
     expected = searcher.run_program(RetrievalProgram.model_validate(program), k=5)
     assert runs["q1"]["doc_ids"] == [h.doc_id for h in expected]

@@ -15,11 +15,11 @@ import pytest
 
 from conftest import TINY_DOCS
 from fake_openai import FakeOpenAI, document_of, keywords_for
-from jobs import enrich as enrich_job
-from pipelines.delta_io import read_table
-from pipelines.llm_backends import BackendConfig
-from sira_core import tables
-from sira_core.enrichment import MAX_PHRASE_CHARS, MAX_PHRASES, document_input, load_template
+from sira.jobs import enrich as enrich_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.llm_backends import BackendConfig
+from sira.core import tables
+from sira.core.enrichment import MAX_PHRASE_CHARS, MAX_PHRASES, document_input, load_template
 from test_enrich_openai import MODEL, assert_one_row_per_key, enrichment_rows, local_ray, make_warehouse  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -83,10 +83,10 @@ QUERIES = {"q1": "heart attack risk", "q2": "insulin and blood glucose", "q3": "
 
 @pytest.mark.parametrize("fault", ["down", "http500", "timeout"])
 def test_query_expansion_faults_fall_back_to_the_plain_query_and_a_rerun_expands_them(tmp_path, fake_openai, fault):
-    from pipelines.query_expansion import expand_queries, query_hash
-    from sira_core.analysis import Analyzer
-    from sira_core.presets import get_preset
-    from sira_core.program import expansion_program
+    from sira.pipelines.query_expansion import expand_queries, query_hash
+    from sira.core.analysis import Analyzer
+    from sira.core.presets import get_preset
+    from sira.core.program import expansion_program
 
     wh = str(tmp_path / "wh")
     url, port = dead_base_url() if fault == "down" else (fake_openai.base_url, None)
@@ -117,7 +117,7 @@ def test_query_expansion_faults_fall_back_to_the_plain_query_and_a_rerun_expands
 
 @pytest.mark.parametrize("fault", ["down", "timeout", "junk"])
 def test_online_expansion_faults_give_no_phrases_and_a_clear_error(tmp_path, fake_openai, fault):
-    from pipelines.online_proposer import propose_once
+    from sira.pipelines.online_proposer import propose_once
 
     url, port = dead_base_url() if fault == "down" else (fake_openai.base_url, None)
     fake_openai.reset("slow" if fault == "timeout" else "junk")
@@ -202,8 +202,8 @@ INJECTED = [IGNORE, BREAKOUT, FAKE_ANSWER]
 
 
 def test_instructions_inside_a_document_stay_its_data_and_touch_only_its_own_row(tmp_path, fake_openai, spark):
-    from jobs import index as index_job
-    from pipelines.shard_loader import find_index, load_searcher
+    from sira.jobs import index as index_job
+    from sira.pipelines.shard_loader import find_index, load_searcher
 
     wh = make_warehouse(tmp_path, [*TINY_DOCS, *INJECTED])
     # A model that obeys whatever the document tells it (the worst case).

@@ -10,13 +10,13 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import TINY_DOCS, require_local_model
-from jobs import ingest as ingest_job
-from jobs import run as run_job
-from pipelines.delta_io import read_table
-from pipelines.rerank import RerankConfig, judge_backend, rerank_run
-from sira_core import tables
-from sira_core.enrichment import document_input
-from sira_core.rerank import load_rerank_template, parse_score, render_judgment, rerank_order
+from sira.jobs import ingest as ingest_job
+from sira.jobs import run as run_job
+from sira.pipelines.delta_io import read_table
+from sira.pipelines.rerank import RerankConfig, judge_backend, rerank_run
+from sira.core import tables
+from sira.core.enrichment import document_input
+from sira.core.rerank import load_rerank_template, parse_score, render_judgment, rerank_order
 
 JUDGE = "fake-judge"
 
@@ -82,7 +82,7 @@ def test_encoder_and_vllm_cannot_rerank():
 
 
 def test_sira_run_does_not_rerank_unless_asked(tiny_beir):
-    from jobs import eval as eval_job
+    from sira.jobs import eval as eval_job
 
     assert run_job.RunConfig().variants == ["bm25", "doc", "query", "sira"]
     assert run_job.VARIANTS == ("bm25", "doc", "query", "sira")
@@ -197,9 +197,9 @@ def test_sira_run_opts_in_logs_the_cost_and_labels_it_not_single_call(tmp_path, 
     from mlflow.tracking import MlflowClient
     from typer.testing import CliRunner
 
-    from jobs.cli import app
-    from pipelines.llm_backends import BackendConfig
-    from pipelines.tracking import TrackingConfig
+    from sira.jobs.cli import app
+    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.tracking import TrackingConfig
 
     fake_openai.reset("rerank")
     fake_openai.rerank_scores = {"heart": 90}
@@ -252,7 +252,7 @@ def test_sira_run_opts_in_logs_the_cost_and_labels_it_not_single_call(tmp_path, 
 
 @pytest.mark.integration
 def test_local_model_judges_real_pairs(warehouse):
-    from pipelines import local_llm
+    from sira.pipelines import local_llm
 
     require_local_model()
     # Three judgments: the query's passage, an off-topic one, and a related one.

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pipelines.llm_backends import BackendConfig
-from pipelines.tracking import TrackingConfig, flatten, metric_name
-from sira_core.proposers import EncoderProposerConfig
+from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.tracking import TrackingConfig, flatten, metric_name
+from sira.core.proposers import EncoderProposerConfig
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def tracking(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_cfg(tmp_path_factory, tiny_beir, tracking):
-    from jobs import run as run_job
+    from sira.jobs import run as run_job
 
     backend = BackendConfig(backend="encoder", encoder=EncoderProposerConfig(proposals=4, vocabulary_tau=0.5))
     wh = str(tmp_path_factory.mktemp("run") / "tiny")
@@ -43,8 +43,8 @@ def enrich_calls():
 
 @pytest.fixture(scope="module")
 def first_run(run_cfg, spark, enrich_calls):
-    from jobs import run as run_job
-    from pipelines import corpus_enrichment
+    from sira.jobs import run as run_job
+    from sira.pipelines import corpus_enrichment
 
     enrich_corpus = corpus_enrichment.enrich_corpus
     with pytest.MonkeyPatch.context() as patch:  # every caller imports it when called: each call is counted
@@ -54,7 +54,7 @@ def first_run(run_cfg, spark, enrich_calls):
 
 
 def test_plan_of_an_empty_warehouse_names_every_stage(run_cfg):
-    from jobs import run as run_job
+    from sira.jobs import run as run_job
 
     stages, seconds = run_job.plan(run_cfg, "tiny", run_cfg.warehouse)  # before first_run fills the warehouse
     assert stages[:2] == [f"ingest {run_cfg.dataset}", "index (plain)"]
@@ -95,8 +95,8 @@ def test_run_asks_for_enrichment_once_for_every_variant(first_run, enrich_calls)
 
 
 def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
-    from jobs import run as run_job
-    from pipelines.shard_loader import published_versions
+    from sira.jobs import run as run_job
+    from sira.pipelines.shard_loader import published_versions
 
     versions = len(published_versions(run_cfg.warehouse))
     stages, _ = run_job.plan(run_cfg, "tiny", run_cfg.warehouse)
@@ -110,7 +110,7 @@ def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
 
 
 def test_a_failing_stage_is_named(first_run, run_cfg, spark):
-    from jobs import run as run_job
+    from sira.jobs import run as run_job
 
     bad = run_cfg.model_copy(update={"split": "nosuchsplit", "variants": ["bm25"],
                                      "tracking": TrackingConfig(enabled=False)})
@@ -122,7 +122,7 @@ def test_a_failing_stage_is_named(first_run, run_cfg, spark):
 def test_cli_run_prints_the_comparison(first_run, run_cfg, tmp_path, spark):
     from typer.testing import CliRunner
 
-    from jobs.cli import app
+    from sira.jobs.cli import app
 
     out = tmp_path / "run.json"
     result = CliRunner().invoke(app, ["run", "--dataset", run_cfg.dataset, "-w", run_cfg.warehouse, "--shards", "2",
@@ -134,7 +134,7 @@ def test_cli_run_prints_the_comparison(first_run, run_cfg, tmp_path, spark):
 
 
 def test_report_reads_mlflow_and_plots(first_run, tracking, tmp_path):
-    from jobs import report as report_job
+    from sira.jobs import report as report_job
 
     summary = report_job.run(report_job.ReportConfig(output_dir=str(tmp_path / "report"), tracking=tracking))
     text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
@@ -153,7 +153,7 @@ def test_sweep_selects_on_train_and_evaluates_the_choice_once_on_test(first_run,
     from mlflow.tracking import MlflowClient
     from pydantic import ValidationError
 
-    from jobs import sweep as sweep_job
+    from sira.jobs import sweep as sweep_job
 
     cfg = sweep_job.SweepConfig(dataset=run_cfg.dataset, warehouse=run_cfg.warehouse, split="train", variant="query",
                                 grid={"w": [0.0, 1.0], "tau": [0.25]}, backend=run_cfg.backend, shards=2,

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import shard_cache
-from pipelines.shard_cache import cached_shard, shard_dir
-from sira_core.analysis import AnalyzerConfig
-from sira_core.memory_index import build_searcher
-from sira_core.presets import BM25Params, IndexPreset
+from sira.pipelines import shard_cache
+from sira.pipelines.shard_cache import cached_shard, shard_dir
+from sira.core.analysis import AnalyzerConfig
+from sira.core.memory_index import build_searcher
+from sira.core.presets import BM25Params, IndexPreset
 
 PRESET = IndexPreset(name="t", analyzer=AnalyzerConfig(stemmer="none", max_n=2), bm25=BM25Params())
 DOCS = [(f"d{i:03d}", "", f"word{i % 7} common text number {i % 3} extra{i % 11}") for i in range(120)]
@@ -86,8 +86,8 @@ def test_a_writer_killed_mid_write_leaves_nothing_that_is_served(tmp_path, refer
     script = textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from pipelines import shard_cache
-        from sira_core.memory_index import build_searcher
+        from sira.pipelines import shard_cache
+        from sira.core.memory_index import build_searcher
         from tests.test_shard_cache import DOCS, PRESET, MANIFEST
         searcher = build_searcher(DOCS, PRESET, num_shards=2)
         synced = []

@@ -3,8 +3,8 @@ the `gpu` extra on a GPU worker (marker `gpu`, never run in CI)."""
 
 import pytest
 
-from pipelines.llm_backends import BackendConfig, vllm_postprocess, vllm_processor_config, vllm_sampling_params
-from sira_core.enrichment import JSON_SCHEMA
+from sira.pipelines.llm_backends import BackendConfig, vllm_postprocess, vllm_processor_config, vllm_sampling_params
+from sira.core.enrichment import JSON_SCHEMA
 
 
 def test_processor_config_uses_prefix_caching_one_engine_per_gpu_and_keeps_going_on_errors():
@@ -40,7 +40,7 @@ def test_vllm_backend_needs_a_model_name():
 
 
 def test_sampling_kwargs_reach_vllm_and_openai_and_are_refused_where_nothing_reads_them():
-    from pipelines.llm_backends import openai_request
+    from sira.pipelines.llm_backends import openai_request
 
     fixed = {"ignore_eos": True, "min_tokens": 64, "max_tokens": 64}
     params = vllm_sampling_params(BackendConfig(backend="vllm", model="m", structured_output=False,
@@ -55,8 +55,8 @@ def test_sampling_kwargs_reach_vllm_and_openai_and_are_refused_where_nothing_rea
 def test_enrich_command_line_passes_engine_and_sampling_arguments_and_names_a_bad_pair(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from jobs import enrich as enrich_job
-    from jobs.cli import app
+    from sira.jobs import enrich as enrich_job
+    from sira.jobs.cli import app
 
     seen = {}
 

@@ -61,11 +61,11 @@ def call(url: str, path: str, body=None, token: str | None = TOKEN, accept: str 
 
 
 def _commit_proposals(warehouse: str) -> None:
-    from pipelines.delta_io import read_table
-    from pipelines.query_expansion import query_hash
-    from pipelines.ray_enrich import commit
-    from sira_core import tables
-    from sira_core.enrichment import load_template
+    from sira.pipelines.delta_io import read_table
+    from sira.pipelines.query_expansion import query_hash
+    from sira.pipelines.ray_enrich import commit
+    from sira.core import tables
+    from sira.core.enrichment import load_template
 
     now = datetime.now(timezone.utc)
     hashes = dict(zip(*read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "content_hash"])
@@ -86,9 +86,9 @@ def _commit_proposals(warehouse: str) -> None:
 def evaluated(tmp_path_factory, spark, fake_openai_server):
     """The tiny corpus (plus MARKUP_DOC) with its enrichment, evaluated as doc (the enriched index) and sira (the
     same index, the cached expansions): (warehouse, dataset folder, {variant: eval summary}). One index build."""
-    from jobs import eval as eval_job
-    from jobs import ingest as ingest_job
-    from pipelines.llm_backends import BackendConfig
+    from sira.jobs import eval as eval_job
+    from sira.jobs import ingest as ingest_job
+    from sira.pipelines.llm_backends import BackendConfig
 
     root = tmp_path_factory.mktemp("web")
     data = write_beir_folder(root / "data" / "tiny", docs=TINY_DOCS + [MARKUP_DOC])
@@ -116,7 +116,7 @@ def server(evaluated, fake_openai_server, tmp_path_factory):
     env = {**JOB_ENV, "SIRA_WEB_TEST_TOKEN": TOKEN, "COLUMNS": "200"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.cli", "serve", "-w", wh, "--port", str(port), "--api-token-env",
+            [sys.executable, "-m", "sira.jobs.cli", "serve", "-w", wh, "--port", str(port), "--api-token-env",
              "SIRA_WEB_TEST_TOKEN", "--backend", "openai", "--model", "fake-llm", "--base-url",
              fake_openai_server.base_url, "--tau", "0.25"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -171,8 +171,8 @@ def test_json_endpoints_need_the_token(server, evaluated):
 
 
 def test_search_explains_each_hit_like_the_searcher(server, evaluated):
-    from pipelines.shard_loader import load_searcher
-    from sira_core.program import RetrievalProgram
+    from sira.pipelines.shard_loader import load_searcher
+    from sira.core.program import RetrievalProgram
 
     searcher, manifest = load_searcher(evaluated[0])
     status, body, _ = call(server, "/search", {"query": "heart attack risk", "k": 6, "explain": True})
@@ -196,8 +196,8 @@ def test_search_explains_each_hit_like_the_searcher(server, evaluated):
 
 
 def test_expansion_with_its_weight_told_apart_from_the_original_part(server, evaluated):
-    from pipelines.shard_loader import load_searcher
-    from sira_core.program import RetrievalProgram
+    from sira.pipelines.shard_loader import load_searcher
+    from sira.core.program import RetrievalProgram
 
     searcher, _ = load_searcher(evaluated[0])
     query = {"query": "heart attack risk", "k": 5, "expand": True, "w": 2, "explain": True}
@@ -246,7 +246,7 @@ def test_bad_requests_get_a_clear_4xx(server, evaluated, path, body, status, wor
 def test_compare_gives_the_numbers_of_sira_compare(server, evaluated, tmp_path):
     from typer.testing import CliRunner
 
-    from jobs.cli import app
+    from sira.jobs.cli import app
 
     wh, data, summaries = evaluated
     status, body, _ = call(server, "/runs")

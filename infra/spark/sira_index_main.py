@@ -2,8 +2,8 @@
 
 spark-submit needs a Python file, not a console script. This one runs the CLI's own `index` command, on the
 session the cluster manager configured: it creates that session first (master, --conf, --packages as given to
-spark-submit), so `pipelines.spark_session.get_spark` finds it through getOrCreate instead of starting a local[*]
-one, and `jobs.index` leaves it for spark-submit to stop (Databricks forbids stopping its session).
+spark-submit), so `sira.pipelines.spark_session.get_spark` finds it through getOrCreate instead of starting a local[*]
+one, and `sira.jobs.index` leaves it for spark-submit to stop (Databricks forbids stopping its session).
 Arguments are those of `sira index`:  spark-submit ... sira_index_main.py --warehouse s3a://... --shards 64
 """
 
@@ -22,7 +22,7 @@ def index_argv(args: list[str], master: str) -> list[str]:
 def main() -> None:
     from pyspark.sql import SparkSession
 
-    from jobs import cli
+    from sira.jobs import cli
 
     spark = SparkSession.builder.getOrCreate()
     sys.argv = [sys.argv[0], *index_argv(sys.argv[1:], spark.sparkContext.master)]

@@ -5,7 +5,7 @@
   if (SIRA.view !== "compare") return;
   const {el, add, clear, api, notice, failed, fmt, signed, header, chips} = SIRA;
   const $ = (id) => document.getElementById(id);
-  const TIE = 1e-9; // sira_core.metrics.paired_comparison's tie tolerance
+  const TIE = 1e-9; // sira.core.metrics.paired_comparison's tie tolerance
   let comparison = null;
   let filter = "all";
 

@@ -43,7 +43,7 @@
     return Boolean(params.get("q"));
   }
 
-  // Why the query-side DF filter kept or dropped a phrase (sira_core.dfstats.query_side_filter).
+  // Why the query-side DF filter kept or dropped a phrase (sira.core.dfstats.query_side_filter).
   function why(e, filter) {
     const limit = filter ? "\u03c4\u00b7|C| = " + fmt(filter.tau, 2) + " \u00d7 " + filter.num_docs + " = "
       + fmt(filter.max_df, 2) : "\u03c4\u00b7|C|";
