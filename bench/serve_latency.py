@@ -4,8 +4,8 @@
                                   [--requests 200] [--concurrency 4] [--k 10] [--backend openai|local]
                                   [--output-json bench/results/serve_latency.json]
 
-Builds what the warehouse lacks (`sira.jobs.eval.ensure_index`), starts `sira serve` as a subprocess on a free
-loopback port, sends `--requests` searches per mode from the split's queries (in qid order, cycling) at
+Builds what the warehouse lacks (`sira.pipelines.index_freshness.ensure_index`), starts `sira serve` as a subprocess
+on a free loopback port, sends `--requests` searches per mode from the split's queries (in qid order, cycling) at
 `--concurrency` requests in flight, then stops the server. Two modes: `plain` (expand: false) and
 `expand` (expand: true). Client-side latency covers the whole HTTP round trip; the server's `timing_ms`
 splits each search into expansion and scoring.
@@ -122,12 +122,14 @@ def main() -> None:
     parser.add_argument("--output-json", type=Path, default=REPO_ROOT / "bench/results/serve_latency.json")
     args = parser.parse_args()
 
-    from sira.jobs.eval import ensure_index
+    from sira.jobs.progress import console, progress_bar
+    from sira.pipelines.index_freshness import ensure_index
     from sira.core.datasets import resolve_dataset
 
     dataset = resolve_dataset(args.dataset)
     warehouse = args.warehouse or str(REPO_ROOT / "warehouses" / dataset.name)
-    manifest = ensure_index(args.dataset, warehouse, args.preset, args.shards, args.spark_master)
+    manifest = ensure_index(args.dataset, warehouse, args.preset, args.shards, args.spark_master, log=console.log,
+                            progress=progress_bar)
     queries = dataset.queries(args.split)
     texts = [queries[q] for q in sorted(queries)]
 

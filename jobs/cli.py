@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sira.jobs.progress import console
-from sira.jobs.run import StageFailed
+from sira.pipelines.stages import StageFailed
 from sira.core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 from sira.core.program import DEFAULT_W
 

@@ -9,16 +9,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sira.jobs import enrich as enrich_job
-from sira.jobs import index as index_job
-from sira.jobs import ingest as ingest_job
 from sira.jobs.progress import console, progress_bar
-from sira.pipelines.delta_io import table_version
+from sira.pipelines.index_freshness import ensure_index
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.query_expansion import expand_queries
 from sira.pipelines.rerank import RerankConfig, rerank_run
 from sira.pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
-from sira.pipelines.shard_loader import IndexNotFound, find_index, load_df_table, load_searcher
+from sira.pipelines.shard_loader import load_df_table, load_searcher
 from sira.core import tables
 from sira.core.datasets import resolve_dataset
 from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
@@ -86,59 +83,6 @@ class EvalConfig(BaseModel):
         return self.warehouse or str(Path("warehouses") / dataset_name)
 
 
-def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, spark_master: str,
-                 enriched: bool = False, tau: float = DEFAULT_TAU, doc_backend: BackendConfig | None = None,
-                 task: str | None = None) -> dict:
-    """The newest index of `preset` built from the current docs (and enrichment) tables; ingests, enriches
-    (incrementally, with `doc_backend`) and indexes what is missing or stale."""
-    docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
-    if docs_version is None:
-        console.log(f"warehouse {warehouse} has no docs table: ingesting {dataset_spec}")
-        summary = ingest_job.run(ingest_job.IngestConfig(source=dataset_spec, warehouse=warehouse))
-        console.log(f"ingest: read {summary['read']}, kept {summary['kept']}, rejected {summary['rejected']}")
-        docs_version = summary["docs_table_version"]
-    if not enriched:
-        return fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
-    if doc_backend is None:
-        if table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) is not None:
-            # No proposer named: index the warehouse's enrichment as it stands (each doc's newest proposal).
-            return fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau, any_model=True)
-        doc_backend = BackendConfig(backend="encoder")  # nothing enriched yet: the CPU default proposer
-    if doc_backend.backend == "encoder":  # it proposes from a plain index's vocabulary
-        fresh_or_build(warehouse, preset, shards, spark_master, docs_version)
-    enrich_summary = enrich_job.run(enrich_job.EnrichConfig(warehouse=warehouse, backend=doc_backend, task=task,
-                                                            preset=preset))
-    if enrich_summary["errors"]:
-        console.log(f"[yellow]enrichment: {enrich_summary['errors']} documents failed; they are indexed without "
-                    f"enrichment and retried by the next run[/yellow]")
-    return fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau,
-                           enrich_summary["model"], enrich_summary["prompt_version"])
-
-
-def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, docs_version: int,
-                    tau: float | None = None, model: str | None = None, prompt_version: str | None = None,
-                    any_model: bool = False) -> dict:
-    """The newest index of `preset` matching the current docs (and, when `model` is given or `any_model`, the
-    current enrichment table, that model and prompt, and tau); built when there is none."""
-    enriched = model is not None or any_model
-    enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) if enriched else None
-    try:
-        manifest = find_index(warehouse, preset=preset, enriched=enriched)
-        fresh = manifest["docs_table_version"] == docs_version and (not enriched or (
-            manifest["enrichment_table_version"] == enrichment_version and manifest["tau"] == tau
-            and (any_model or (manifest.get("enrichment_model") == model
-                               and manifest.get("enrichment_prompt_version") == prompt_version))))
-        if fresh:
-            return manifest
-        console.log(f"index v{manifest['index_version']} is stale (built from other docs/enrichment versions or tau)")
-    except IndexNotFound:
-        console.log(f"no {preset} index {'with' if enriched else 'without'} enrichment in {warehouse}: building one")
-    index_job.run(index_job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
-                                        enrichment=enriched, tau=tau if enriched else DEFAULT_TAU, enrichment_model=model,
-                                        enrichment_prompt_version=prompt_version))
-    return find_index(warehouse, preset=preset, enriched=enriched)
-
-
 class Programs(dict):
     """qid -> RetrievalProgram, with the expansion job's summary."""
 
@@ -169,13 +113,17 @@ def build_programs(cfg: EvalConfig, dataset_name: str, warehouse: str, searcher,
     return programs
 
 
-def run(cfg: EvalConfig) -> dict:
+def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
+    """`manifest`: the index to search, when a composite job has brought it up to date already; None: whatever the
+    warehouse lacks is ingested, enriched and indexed first."""
     dataset = resolve_dataset(cfg.dataset)
     warehouse = cfg.warehouse_path(dataset.name)
     queries = dataset.queries(cfg.split)
     qrels = dataset.qrels(cfg.split)
-    manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
-                            enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task)
+    if manifest is None:
+        manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
+                                enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
+                                log=console.log, progress=progress_bar)
     searcher, manifest = load_searcher(warehouse, manifest["index_version"])
     programs = build_programs(cfg, dataset.name, warehouse, searcher, manifest, queries)
 

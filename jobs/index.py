@@ -29,26 +29,13 @@ class IndexConfig(BaseModel):
 
 
 def run(cfg: IndexConfig, spark=None) -> dict:
-    from pyspark.sql import SparkSession
-
     from sira.pipelines.delta_io import table_exists
-    from sira.pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_index
-    from sira.pipelines.spark_session import get_spark
+    from sira.pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_in_session
     from sira.core import tables
-    from sira.core.presets import get_preset
 
-    preset = get_preset(cfg.preset)  # fail on a bad preset before starting a JVM
     use_enrichment = cfg.enrichment
     if use_enrichment is None:
         use_enrichment = table_exists(tables.table_uri(cfg.warehouse, tables.ENRICHMENT))
     choice = EnrichmentChoice(cfg.tau, cfg.enrichment_model, cfg.enrichment_prompt_version) if use_enrichment else None
-    # Stop the session only if this job started it (a caller's or a test's session stays up).
-    own_session = spark is None and SparkSession.getActiveSession() is None
-    spark = spark or get_spark(cfg.spark_master, app_name="sira-index")
-    try:
-        row = build_index(spark, cfg.warehouse, preset, cfg.shards, choice, full=cfg.full,
-                          policy=SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction), log=console.log)
-    finally:
-        if own_session:
-            spark.stop()
-    return {**row, "built_at": row["built_at"].isoformat()}
+    return build_in_session(cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, choice, cfg.full,
+                            SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction), console.log, spark)

@@ -21,11 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
-from sira.jobs.eval import fresh_or_build
 from sira.jobs.progress import console
-from sira.jobs.run import StageFailed
+from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
+from sira.pipelines.index_freshness import fresh_or_build
+from sira.pipelines.ingest import IngestConfig
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.ray_enrich import COMMIT_EVERY
+from sira.pipelines.stages import StageFailed
 from sira.pipelines.tracking import Tracker, TrackingConfig
 from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 
@@ -76,7 +78,7 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
 
     with tracker.run(f"nightly {cfg.warehouse}", params=cfg,
                      tags={"sira.job": "nightly", "sira.warehouse": cfg.warehouse}) as parent_id:
-        ingest = step("ingest", lambda: ingest_job.run(ingest_job.IngestConfig(
+        ingest = step("ingest", lambda: ingest_job.run(IngestConfig(
             source=cfg.source, warehouse=cfg.warehouse, mode="merge", max_delete_fraction=cfg.max_delete_fraction, task=cfg.task)),
             lambda s: {**s["changes"], "read": s["read"], "rejected": s["rejected"]})
         changes = ingest["changes"]
@@ -85,21 +87,20 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
         docs_version = ingest["docs_table_version"]
         if cfg.backend.backend == "encoder" or not cfg.enrichment:  # the encoder proposes from a plain index's terms
             manifest = step("index (plain)", lambda: fresh_or_build(cfg.warehouse, cfg.preset, cfg.shards,
-                                                                    cfg.spark_master, docs_version),
+                                                                    cfg.spark_master, docs_version, log=console.log),
                             lambda m: {"index_version": m["index_version"]})
         enrich = {"enriched": 0, "errors": 0}
         if cfg.enrichment:
-            enrich = step("enrich", lambda: enrich_job.run(enrich_job.EnrichConfig(
+            enrich = step("enrich", lambda: enrich_job.run(EnrichConfig(
                 warehouse=cfg.warehouse, backend=cfg.backend, task=cfg.task, preset=cfg.preset,
                 commit_every=cfg.commit_every, ray_address=cfg.ray_address)),
                 lambda s: {k: s[k] for k in ("documents", "enriched", "skipped", "errors", "input_tokens",
                                              "output_tokens", "docs_per_second")})
-            if enrich["errors"]:
-                console.log(f"[yellow]enrichment: {enrich['errors']} documents failed; they are indexed without "
-                            "enrichment and retried by the next night[/yellow]")
+            log_failures(enrich, console.log, "the next night")
             manifest = step("index (enriched)", lambda: fresh_or_build(
                 cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, docs_version, cfg.tau, enrich["model"],
-                enrich["prompt_version"]), lambda m: {"index_version": m["index_version"], "num_docs": m["num_docs"]})
+                enrich["prompt_version"], log=console.log),
+                            lambda m: {"index_version": m["index_version"], "num_docs": m["num_docs"]})
         retention = step("retention", lambda: expire_versions(cfg.warehouse, cfg.keep_days),
                          lambda r: {"expired": len(r["expired_versions"]), "kept": len(r["kept_versions"]),
                                     "vacuumed_files": r["vacuumed_files"]})

@@ -15,9 +15,14 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sira.jobs.progress import console
+from sira.jobs import enrich as enrich_job
+from sira.jobs import eval as eval_job
+from sira.jobs.progress import console, progress_bar
+from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
+from sira.pipelines.index_freshness import ensure_index, fresh_or_build
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.rerank import RerankConfig
+from sira.pipelines.stages import StageFailed
 from sira.pipelines.tracking import Tracker, TrackingConfig
 from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 from sira.core.rerank import RERANK_VARIANT
@@ -35,14 +40,6 @@ _VOCABULARY_ENTRIES_PER_DOC = 20  # scifact's bigram vocabulary: 100,419 entries
 _JUDGMENTS_PER_SECOND = {"local": 0.12, "openai": 5.0}
 # Query expansions per second (scifact-length queries); local: measured on scifact test, 2 cores, 2 engines.
 _QUERIES_PER_SECOND = {"encoder": 20.0, "local": 0.5, "openai": 5.0, "vllm": 50.0}
-
-
-class StageFailed(RuntimeError):
-    """A stage of `sira run` failed; the message names the stage and the cause."""
-
-    def __init__(self, stage: str, cause: BaseException):
-        super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
-        self.stage = stage
 
 
 class RunConfig(BaseModel):
@@ -181,8 +178,6 @@ def _corpus_size(spec: str) -> int:
 
 
 def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
-    from sira.jobs import enrich as enrich_job
-    from sira.jobs import eval as eval_job
     from sira.core.datasets import resolve_dataset
 
     dataset = resolve_dataset(cfg.dataset)
@@ -210,19 +205,22 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
     with tracker.run(f"run {dataset.name}/{cfg.split}", params=cfg,
                      tags={"sira.job": "run", "sira.dataset": dataset.name, "sira.split": cfg.split,
                            "sira.command": cfg.command()}) as parent_id:
-        stage("index (plain)", lambda: eval_job.ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards,
-                                                             cfg.spark_master))
+        plain = stage("index (plain)", lambda: ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards,
+                                                            cfg.spark_master, log=console.log, progress=progress_bar))
+        # The index each variant searches: enrichment is asked for once, here, and its index handed to every variant.
+        indexes = {False: plain}
         enrich_summary = None
         if cfg.enriched:
-            enrich_summary = stage("enrich", lambda: enrich_job.run(enrich_job.EnrichConfig(
+            enrich_summary = stage("enrich", lambda: enrich_job.run(EnrichConfig(
                 warehouse=warehouse, backend=cfg.corpus_backend, task=cfg.task, preset=cfg.preset)))
+            log_failures(enrich_summary, console.log, "the next run")
             tracker.metrics({k: enrich_summary[k] for k in ("documents", "enriched", "skipped", "errors",
                                                             "input_tokens", "output_tokens", "seconds",
                                                             "docs_per_second")}, prefix="enrich.")
             tracker.json_artifact(_enrichment_sample(warehouse, enrich_summary), "enrichment_sample.json")
-            stage("index (enriched)", lambda: eval_job.ensure_index(
-                cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master, enriched=True, tau=cfg.tau,
-                doc_backend=cfg.corpus_backend, task=cfg.task))
+            indexes[True] = stage("index (enriched)", lambda: fresh_or_build(
+                warehouse, cfg.preset, cfg.shards, cfg.spark_master, plain["docs_table_version"], cfg.tau,
+                enrich_summary["model"], enrich_summary["prompt_version"], log=console.log))
         for variant in cfg.variants:
             ecfg = eval_job.EvalConfig(dataset=cfg.dataset, preset=cfg.preset, split=cfg.split, variant=variant,
                                        warehouse=warehouse, shards=cfg.shards, tau=cfg.tau, depth=cfg.depth,
@@ -231,7 +229,7 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
                                        rerank=cfg.rerank if variant == RERANK_VARIANT else None)
             with tracker.run(f"{dataset.name}/{variant}", params=ecfg, nested=True,
                              tags={"sira.dataset": dataset.name, "sira.variant": variant}) as child_id:
-                summary = stage(f"evaluate {variant}", lambda: eval_job.run(ecfg))
+                summary = stage(f"evaluate {variant}", lambda: eval_job.run(ecfg, indexes[ecfg.enriched]))
                 tracker.metrics(summary["metrics"])
                 tracker.metrics({"queries_per_second": summary.get("queries_per_second")})
                 if summary.get("expansion"):

@@ -1,7 +1,9 @@
 """The Spark index build: docs (+ the corpus-side enrichment) -> one published index version, incrementally.
 
 An index version (layout 2, see sira.core.tables) is a list of immutable segments minus the version's tombstones,
-with its own term statistics. One build runs these steps, each a function below:
+with its own term statistics. One build (`build_index`) runs these steps, each a function below, and reports the
+seconds of each (`step_seconds`: analysis, original df, injections, segment plan, segment, term statistics,
+tombstones and injections, publish):
 
 1. `analyse_documents`: documents with no kept analysis for this analyzer are analysed (BatchAnalyzer inside
    mapInArrow); their new terms go to `term_dictionary` first, then the analysis to `doc_analysis`. A night
@@ -64,7 +66,7 @@ def spark_ddl(schema: pa.Schema) -> str:
         if pa.types.is_struct(t):
             return "struct<" + ", ".join(f"{f.name}:{sql(f.type)}" for f in t) + ">"
         return {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int", pa.bool_(): "boolean",
-                pa.float64(): "double"}[t]
+                pa.float64(): "double", pa.timestamp("us", tz="UTC"): "timestamp"}[t]
     return ", ".join(f"{f.name} {sql(f.type)}" for f in schema)
 
 
@@ -294,47 +296,25 @@ def build_index(
     log=print,
 ) -> dict:
     """Build and publish one index version (with the corpus-side enrichment when `enrichment` is given), on top
-    of the newest version of the same kind unless `full`; returns its corpus_stats row and `documents_analysed`."""
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
-    if docs_version is None:
-        raise FileNotFoundError(f"no docs table at {tables.table_uri(warehouse, tables.DOCS)}; run `sira ingest` first")
-    b = Build(spark, warehouse, preset, num_shards, enrichment, next_index_version(warehouse), docs_version, log)
-    log(f"index version {b.version}: preset {preset.name}, {num_shards} shards, docs table v{docs_version}"
-        + (f", enrichment tau {enrichment.tau}" if enrichment else ", no enrichment"))
+    of the newest version of the same kind unless `full`; returns its corpus_stats row, `documents_analysed` and the
+    seconds of each step (`step_seconds`)."""
+    b = start_build(spark, warehouse, preset, num_shards, enrichment, log)
     try:
-        docs = b.read(tables.DOCS, docs_version)
+        docs = b.read(tables.DOCS, b.docs_version)
         size_shuffles(spark, b.uri(tables.DOCS))
         with b.step("analysis"):
             num_docs, analysed, stale = analyse_documents(b, docs)
         if num_docs == 0:
-            raise ValueError(f"docs table {b.uri(tables.DOCS)} v{docs_version} is empty")
-        base = None if full else find_base(b)
+            raise ValueError(f"docs table {b.uri(tables.DOCS)} v{b.docs_version} is empty")
         current = docs.select("doc_id", "content_hash")
         with b.step("original df"):
-            try:
-                orig_df, orig_delta = original_df(b, current, base)
-            except MissingAnalysis as exc:
-                log(f"full build: {exc}")
-                base = None
-                orig_df, orig_delta = original_df(b, current, base)
-        injections, enrichment_info = None, _no_enrichment()
+            base, orig_df, orig_delta = base_and_original_df(b, current, full)
+        injections, per_doc, enrichment_info = None, None, _no_enrichment()
         if enrichment is not None:
             with b.step("injections"):
-                phrases, enrichment_info["enrichment_table_version"] = _enrichment_phrases(b, docs)
-                analyse_phrases(b, docs, phrases)
-                injections, per_doc = decide_injections(b, phrases, orig_df, num_docs)
-                enrichment_info.update(_injection_counts(injections, enrichment))
-            log(f"enrichment v{enrichment_info['enrichment_table_version']}: kept {enrichment_info['phrases_kept']} "
-                f"of {enrichment_info['phrases_proposed']} proposed phrases")
-            desired = current.join(per_doc, "doc_id", "left").withColumn(
-                "inject_key", F.coalesce("inject_key", F.lit("")))
-        else:
-            desired = current.withColumn("inject_key", F.lit("")).withColumn(
-                "inj_term_ids", F.lit(None).cast("array<bigint>")).withColumn("inj_tfs", F.lit(None).cast("array<int>"))
+                injections, per_doc, enrichment_info = inject_enrichment(b, docs, orig_df, num_docs)
         with b.step("segment plan"):
-            plan = plan_segments(b, desired, base, policy)
+            plan = plan_segments(b, desired_documents(current, per_doc), base, policy)
         # A plain full build whose kept analyses are exactly the current documents' reads them without a join.
         whole = plan.base is None and enrichment is None and stale == 0
         with b.step("segment"):
@@ -343,19 +323,41 @@ def build_index(
             stats = term_statistics(b, plan, seg, orig_df, orig_delta)
         with b.step("tombstones and injections"):
             tombstones_version = write_tombstones(b, plan)
-            injections_version = None
-            if injections is not None:
-                injections_version = _replace(
-                    injections.select(F.lit(b.version).cast("long").alias("index_version"), "doc_id", "position",
-                                      "phrase", "kept", "reason", "min_df"),
-                    b.uri(tables.INJECTIONS), "index_version", b.version, ["index_version"])
+            injections_version = None if injections is None else write_injections(b, injections)
     finally:
         b.release()
-    row = {
-        "index_version": b.version, "preset": preset.name, "num_docs": num_docs,
+    row = corpus_stats_row(b, num_docs, enrichment_info, plan, seg, stats, tombstones_version, injections_version)
+    with b.step("publish"):
+        publish(spark, warehouse, row)
+    if stale > STALE_ANALYSIS_FRACTION * num_docs:
+        compact_analysis(b, stale)
+    log(f"published index version {b.version}: {num_docs} documents, {stats['total_terms']} terms, segments "
+        f"{plan.segments}" + (f" ({plan.num_tombstones} tombstoned)" if plan.num_tombstones else ""))
+    return {**row, "documents_analysed": analysed, "step_seconds": b.seconds}
+
+
+def start_build(spark: SparkSession, warehouse: str, preset: IndexPreset, num_shards: int,
+                enrichment: EnrichmentChoice | None, log) -> Build:
+    """The build of the next index version from the current docs table."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
+    if docs_version is None:
+        raise FileNotFoundError(f"no docs table at {tables.table_uri(warehouse, tables.DOCS)}; run `sira ingest` first")
+    b = Build(spark, warehouse, preset, num_shards, enrichment, next_index_version(warehouse), docs_version, log)
+    log(f"index version {b.version}: preset {preset.name}, {num_shards} shards, docs table v{docs_version}"
+        + (f", enrichment tau {enrichment.tau}" if enrichment else ", no enrichment"))
+    return b
+
+
+def corpus_stats_row(b: Build, num_docs: int, enrichment_info: dict, plan: SegmentPlan, seg: dict, stats: dict,
+                     tombstones_version: int, injections_version: int | None) -> dict:
+    """The version's corpus_stats row: its statistics, settings and the table versions it reads."""
+    return {
+        "index_version": b.version, "preset": b.preset.name, "num_docs": num_docs,
         "avgdl": stats["total_terms"] / num_docs, "total_terms": stats["total_terms"], "num_terms": stats["num_terms"],
-        "num_shards": num_shards, "k1": preset.bm25.k1, "b": preset.bm25.b, "max_n": preset.analyzer.max_n,
-        "analyzer_json": b.analyzer_json, **enrichment_info, "docs_table_version": docs_version,
+        "num_shards": b.num_shards, "k1": b.preset.bm25.k1, "b": b.preset.bm25.b, "max_n": b.preset.analyzer.max_n,
+        "analyzer_json": b.analyzer_json, **enrichment_info, "docs_table_version": b.docs_version,
         "term_stats_table_version": stats["table_version"], "postings_table_version": None,
         "shard_docs_table_version": None, "injections_table_version": injections_version,
         "built_at": datetime.now(timezone.utc), "layout": tables.INDEX_LAYOUT, "analyzer_key": b.analyzer_key,
@@ -364,12 +366,25 @@ def build_index(
         "segment_postings_table_version": seg["segment_postings_table_version"],
         "tombstones_table_version": tombstones_version,
     }
-    publish(spark, warehouse, row)
-    if stale > STALE_ANALYSIS_FRACTION * num_docs:
-        compact_analysis(b, stale)
-    log(f"published index version {b.version}: {num_docs} documents, {stats['total_terms']} terms, segments "
-        f"{plan.segments}" + (f" ({plan.num_tombstones} tombstoned)" if plan.num_tombstones else ""))
-    return {**row, "documents_analysed": analysed, "step_seconds": b.seconds}
+
+
+def build_in_session(warehouse: str, preset_name: str, shards: int, spark_master: str,
+                     enrichment: EnrichmentChoice | None, full: bool = False, policy: SegmentPolicy = SegmentPolicy(),
+                     log=print, spark: SparkSession | None = None) -> dict:
+    """`build_index` in `spark`, the active session, or a session of its own (stopped after: a caller's or a test's
+    session stays up); its row with `built_at` as ISO text."""
+    from sira.pipelines.spark_session import get_spark
+    from sira.core.presets import get_preset
+
+    preset = get_preset(preset_name)  # fail on a bad preset before starting a JVM
+    own_session = spark is None and SparkSession.getActiveSession() is None
+    spark = spark or get_spark(spark_master, app_name="sira-index")
+    try:
+        row = build_index(spark, warehouse, preset, shards, enrichment, full=full, policy=policy, log=log)
+    finally:
+        if own_session:
+            spark.stop()
+    return {**row, "built_at": row["built_at"].isoformat()}
 
 
 def _no_enrichment() -> dict:
@@ -587,6 +602,31 @@ def original_df(b: Build, current: DataFrame, base: dict | None) -> tuple[DataFr
     return b.keep(df), delta
 
 
+def base_and_original_df(b: Build, current: DataFrame, full: bool) -> tuple[dict | None, DataFrame | None,
+                                                                           DataFrame | None]:
+    """The version this build extends (None: a full build) and `original_df` against it. A base whose documents'
+    kept analyses were compacted away cannot be extended: the build is a full one."""
+    base = None if full else find_base(b)
+    try:
+        return base, *original_df(b, current, base)
+    except MissingAnalysis as exc:
+        b.log(f"full build: {exc}")
+        return None, *original_df(b, current, None)
+
+
+def inject_enrichment(b: Build, docs: DataFrame, orig_df: DataFrame, num_docs: int) -> tuple[DataFrame, DataFrame,
+                                                                                             dict]:
+    """The corpus-side enrichment of the current documents through the DF rule: the injections rows, each
+    document's injected terms (`decide_injections`) and the enrichment columns of corpus_stats."""
+    phrases, enrichment_version = _enrichment_phrases(b, docs)
+    analyse_phrases(b, docs, phrases)
+    injections, per_doc = decide_injections(b, phrases, orig_df, num_docs)
+    info = {**_no_enrichment(), "enrichment_table_version": enrichment_version,
+            **_injection_counts(injections, b.enrichment)}
+    b.log(f"enrichment v{enrichment_version}: kept {info['phrases_kept']} of {info['phrases_proposed']} proposed phrases")
+    return injections, per_doc, info
+
+
 def decide_injections(b: Build, phrases: DataFrame, orig_df: DataFrame, num_docs: int) -> tuple[DataFrame, DataFrame]:
     """Every candidate phrase decided (the injections rows) and, per document with kept phrases, its injected
     terms (inj_term_ids, inj_tfs) and their key."""
@@ -618,6 +658,15 @@ def _injection_counts(decided: DataFrame, e: EnrichmentChoice) -> dict:
     return {"enriched": True, "tau": e.tau, "phrases_proposed": int(counts["proposed"]),
             "phrases_kept": int(counts["kept"] or 0), "enrichment_model": e.model,
             "enrichment_prompt_version": e.prompt_version}
+
+
+def desired_documents(current: DataFrame, per_doc: DataFrame | None) -> DataFrame:
+    """(doc_id, content_hash, inject_key, inj_term_ids, inj_tfs): every current document as the new version should
+    hold it (no injected terms when `per_doc`, the enriched ones, is None)."""
+    if per_doc is None:
+        return current.withColumn("inject_key", F.lit("")).withColumn(
+            "inj_term_ids", F.lit(None).cast("array<bigint>")).withColumn("inj_tfs", F.lit(None).cast("array<int>"))
+    return current.join(per_doc, "doc_id", "left").withColumn("inject_key", F.coalesce("inject_key", F.lit("")))
 
 
 # ---- 5-7. segments, postings, statistics -------------------------------------------------------------------------
@@ -748,8 +797,8 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
         stats = kept.unionByName(new).where(F.col("df_enriched") > 0)
         total_terms = int(base["total_terms"]) + int(entering.agg(F.sum("doc_len")).first()[0] or 0) \
             - int(plan.leaving.agg(F.sum("doc_len")).first()[0] or 0)
-    stats = b.keep(stats.select(F.lit(b.version).cast("long").alias("index_version"), "term_id", "term",
-                                F.coalesce("df", F.lit(0)).cast("long").alias("df"), "df_enriched", "cf"))
+    stats = b.keep(_of_version(b, stats.withColumn("df", F.coalesce("df", F.lit(0)).cast("long")),
+                               tables.TERM_STATS_SCHEMA))
     unspelled = stats.where(F.col("term").isNull()).limit(3).collect()
     if unspelled:
         raise RuntimeError(f"term ids {[r['term_id'] for r in unspelled]} are missing from {tables.TERM_DICTIONARY}")
@@ -760,8 +809,20 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
 def write_tombstones(b: Build, plan: SegmentPlan) -> int:
     rows = plan.tombstones if plan.tombstones is not None else b.spark.createDataFrame(
         [], spark_ddl(_without(tables.TOMBSTONES_SCHEMA, "index_version")))
-    return _replace(rows.select(F.lit(b.version).cast("long").alias("index_version"), "segment", "shard", "doc_ord"),
-                    b.uri(tables.TOMBSTONES), "index_version", b.version, ["index_version"])
+    return _replace(_of_version(b, rows, tables.TOMBSTONES_SCHEMA), b.uri(tables.TOMBSTONES), "index_version",
+                    b.version, ["index_version"])
+
+
+def write_injections(b: Build, injections: DataFrame) -> int:
+    """What the DF rule decided for every candidate phrase of the version (sira.pipelines.hit_details reads it back)."""
+    return _replace(_of_version(b, injections, tables.INJECTIONS_SCHEMA), b.uri(tables.INJECTIONS), "index_version",
+                    b.version, ["index_version"])
+
+
+def _of_version(b: Build, rows: DataFrame, schema: pa.Schema) -> DataFrame:
+    """`rows` as rows of this build's version: its index_version, then the table's other columns in schema order."""
+    return rows.select(F.lit(b.version).cast("long").alias("index_version"),
+                       *[c for c in schema.names if c != "index_version"])
 
 
 def publish(spark: SparkSession, warehouse: str, row: dict) -> None:
@@ -771,6 +832,6 @@ def publish(spark: SparkSession, warehouse: str, row: dict) -> None:
         existing = read_table(uri, columns=["index_version"]).column("index_version").to_pylist()
         if row["index_version"] in existing:
             raise RuntimeError(f"index version {row['index_version']} was published by another build meanwhile")
-    spark.createDataFrame([tuple(row[c] for c, _ in tables.CORPUS_STATS_FIELDS)],
-                          ", ".join(f"{c} {t}" for c, t in tables.CORPUS_STATS_FIELDS)).write.format(
+    spark.createDataFrame([tuple(row[c] for c in tables.CORPUS_STATS_SCHEMA.names)],
+                          spark_ddl(tables.CORPUS_STATS_SCHEMA)).write.format(
         "delta").mode("append").option("mergeSchema", "true").save(uri)  # older tables gain new columns

@@ -169,19 +169,20 @@ INJECTIONS_SCHEMA = pa.schema([("index_version", pa.int64()), ("doc_id", pa.stri
                                ("phrase", pa.string()), ("kept", pa.bool_()), ("reason", pa.string()),
                                ("min_df", pa.int64())])
 # One row per published index version, written last: its presence is what makes a version visible.
-CORPUS_STATS_FIELDS = (
-    ("index_version", "long"), ("preset", "string"), ("num_docs", "long"), ("avgdl", "double"),
-    ("total_terms", "long"), ("num_terms", "long"), ("num_shards", "int"), ("k1", "double"), ("b", "double"),
-    ("max_n", "int"), ("analyzer_json", "string"), ("enriched", "boolean"), ("enrichment_table_version", "long"),
-    ("tau", "double"), ("phrases_proposed", "long"), ("phrases_kept", "long"), ("docs_table_version", "long"),
-    ("term_stats_table_version", "long"), ("postings_table_version", "long"), ("shard_docs_table_version", "long"),
-    ("injections_table_version", "long"), ("built_at", "timestamp"),
-    ("enrichment_model", "string"), ("enrichment_prompt_version", "string"),  # the choice injected (null: newest)
+CORPUS_STATS_SCHEMA = pa.schema([
+    ("index_version", pa.int64()), ("preset", pa.string()), ("num_docs", pa.int64()), ("avgdl", pa.float64()),
+    ("total_terms", pa.int64()), ("num_terms", pa.int64()), ("num_shards", pa.int32()), ("k1", pa.float64()),
+    ("b", pa.float64()), ("max_n", pa.int32()), ("analyzer_json", pa.string()), ("enriched", pa.bool_()),
+    ("enrichment_table_version", pa.int64()), ("tau", pa.float64()), ("phrases_proposed", pa.int64()),
+    ("phrases_kept", pa.int64()), ("docs_table_version", pa.int64()), ("term_stats_table_version", pa.int64()),
+    ("postings_table_version", pa.int64()), ("shard_docs_table_version", pa.int64()),
+    ("injections_table_version", pa.int64()), ("built_at", pa.timestamp("us", tz="UTC")),
+    ("enrichment_model", pa.string()), ("enrichment_prompt_version", pa.string()),  # the choice injected (null: newest)
     # Layout 2 (segments); the two *_table_version columns above belong to layout 1 and stay null.
-    ("layout", "int"), ("analyzer_key", "string"), ("segments", "array<bigint>"), ("base_version", "long"),
-    ("num_tombstones", "long"), ("segment_docs_table_version", "long"), ("segment_postings_table_version", "long"),
-    ("tombstones_table_version", "long"),
-)
+    ("layout", pa.int32()), ("analyzer_key", pa.string()), ("segments", pa.list_(pa.int64())),
+    ("base_version", pa.int64()), ("num_tombstones", pa.int64()), ("segment_docs_table_version", pa.int64()),
+    ("segment_postings_table_version", pa.int64()), ("tombstones_table_version", pa.int64()),
+])
 # The tables whose rows belong to one index version (retention deletes them with it); segments go when no
 # kept version lists them.
 PER_VERSION_TABLES = (TERM_STATS, TOMBSTONES, INJECTIONS, VOCABULARY)

@@ -5,7 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sira.jobs.ingest import IngestConfig, content_hash, run
+from sira.jobs.ingest import IngestConfig, run
+from sira.pipelines.ingest import content_hash
 from sira.pipelines.delta_io import read_table
 from sira.core.datasets import DatasetNotFound, resolve_beir, resolve_corpus
 
@@ -98,7 +99,7 @@ def test_merge_refuses_a_snapshot_that_would_empty_the_corpus(tmp_path):
 
 
 def test_a_merge_makes_the_table_equal_the_snapshot_and_keeps_unchanged_rows(tmp_path, monkeypatch):
-    import sira.jobs.ingest as ingest_module
+    import sira.pipelines.ingest as ingest_module
 
     monkeypatch.setattr(ingest_module, "MERGE_BATCH_ROWS", 4)  # several batches meet the table's keys
     wh = str(tmp_path / "wh")

@@ -13,8 +13,9 @@ import json
 import pytest
 
 from conftest import TINY_DOCS
-from sira.jobs.ingest import IngestConfig, content_hash, run
+from sira.jobs.ingest import IngestConfig, run
 from sira.pipelines.delta_io import read_table
+from sira.pipelines.ingest import content_hash
 from sira.core import tables
 from sira.core.datasets import MAX_ID_CHARS, RawRecord, RecordError, iter_lines, parse_record
 from test_ingest import BAD_CORPUS, write_lines

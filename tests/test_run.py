@@ -37,10 +37,20 @@ def run_cfg(tmp_path_factory, tiny_beir, tracking):
 
 
 @pytest.fixture(scope="module")
-def first_run(run_cfg, spark):
-    from sira.jobs import run as run_job
+def enrich_calls():
+    return []
 
-    return run_job.run(run_cfg)
+
+@pytest.fixture(scope="module")
+def first_run(run_cfg, spark, enrich_calls):
+    from sira.jobs import run as run_job
+    from sira.pipelines import corpus_enrichment
+
+    enrich_corpus = corpus_enrichment.enrich_corpus
+    with pytest.MonkeyPatch.context() as patch:  # every caller imports it when called: each call is counted
+        patch.setattr(corpus_enrichment, "enrich_corpus",
+                      lambda cfg, *args: enrich_calls.append(cfg) or enrich_corpus(cfg, *args))
+        return run_job.run(run_cfg)
 
 
 def test_plan_of_an_empty_warehouse_names_every_stage(run_cfg):
@@ -76,6 +86,12 @@ def test_run_evaluates_all_variants_and_logs_them_to_mlflow(first_run, run_cfg, 
     assert client.list_artifacts(sira.info.run_id, "runs")[0].path.endswith(".trec")
     parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"report.md", "enrichment_sample.json"} <= parent_artifacts
+
+
+def test_run_asks_for_enrichment_once_for_every_variant(first_run, enrich_calls):
+    assert [cfg.backend.backend for cfg in enrich_calls] == ["encoder"]  # the enrich stage's; no variant asks again
+    versions = {variant: r["index_version"] for variant, r in first_run["variants"].items()}
+    assert versions["doc"] == versions["sira"] != versions["bm25"] == versions["query"]
 
 
 def test_second_run_reuses_every_stage(first_run, run_cfg, spark):

@@ -1,0 +1,244 @@
+"""The ingest dataflow (`sira ingest`): validate a corpus source and write the Delta `docs` table (bad records ->
+`rejected`).
+
+Two modes: `replace` writes the snapshot as the whole table; `merge` (what `sira nightly` runs) MERGEs it into
+the existing table by doc id, so inserts, updates (a new content hash) and deletes (ids missing from the
+snapshot) land in one commit and unchanged documents keep their row, their `ingested_at` and their cached
+enrichment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sira.pipelines.delta_io import table_exists, table_version, write_stream
+from sira.pipelines.warehouse_info import task_at_ingest
+from sira.core import tables
+from sira.core.datasets import RecordError, parse_record, resolve_corpus
+from sira.core.enrichment import check_task
+
+
+# What a job passes for progress display: (description, total, unit) -> a context yielding `advance(n)`.
+Progress = Callable[[str, int | None, str], ContextManager[Callable[[int], None]]]
+
+
+class IngestConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="beir:NAME, a BEIR folder, a .jsonl[.gz] or a .parquet file")
+    warehouse: str
+    batch_size: int = Field(20_000, gt=0)
+    mode: Literal["replace", "merge"] = Field(
+        "replace", description="replace: the snapshot becomes the table; merge: insert / update / delete by doc id "
+                               "and content hash against the current table")
+    max_delete_fraction: float = Field(
+        0.5, ge=0, le=1, description="merge: refuse (and roll back) a snapshot that deletes more than this share of "
+                                     "the current docs: a truncated or wrong file must not empty the corpus; 1: no limit")
+    task: str | None = Field(None, description="the prompt task recorded for this warehouse (enrich, query expansion "
+                                               "and serve read it); default: the dataset's when the source is a BEIR "
+                                               "dataset, else the one recorded before, else generic")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str | None) -> str | None:
+        return None if task is None else check_task(task)
+
+
+def reason_kind(reason: str) -> str:
+    """A reject reason without its particulars ("duplicate id '7' (first seen ...)" -> "duplicate id"), for counts."""
+    return re.sub(r" ('[^']*'|\d+)$", "", reason.split(" (")[0].split(":")[0])
+
+
+def content_hash(title: str, text: str) -> str:
+    return hashlib.blake2b(f"{title}\x1f{text}".encode("utf-8"), digest_size=16).hexdigest()
+
+
+class _Snapshot:
+    """The source's valid records as Arrow batches (read lazily, once), with the rejects and counts it saw.
+
+    Memory does not grow with the source: records stream through in batches, rejects are spooled to a Parquet
+    file in `spool` (a source of nothing but bad records is as big as a good one); what is kept per document is its
+    id and record number, for the duplicate check."""
+
+    def __init__(self, cfg: IngestConfig, spool: Path, progress: Progress):
+        self.cfg = cfg
+        self.progress = progress
+        self.source = resolve_corpus(cfg.source)
+        self.now = datetime.now(timezone.utc)
+        self.seen: dict[str, int] = {}
+        self.read = 0
+        self.rejects_path = spool / "rejected.parquet"
+        self._rejects = pq.ParquetWriter(self.rejects_path, tables.REJECTED_SCHEMA)
+        self._pending: list[dict] = []
+        self.rejected = 0
+        self.rejected_by_reason: Counter = Counter()
+
+    def _reject(self, raw, doc_id, reason) -> None:
+        payload = raw.payload.decode("utf-8", "replace") if isinstance(raw.payload, bytes) else repr(raw.payload)
+        self._pending.append({"source": raw.source, "record": raw.record, "doc_id": doc_id, "reason": reason,
+                              "raw": payload[: tables.RAW_KEEP_CHARS], "rejected_at": self.now})
+        self.rejected += 1
+        self.rejected_by_reason[reason_kind(reason)] += 1
+        if len(self._pending) >= REJECT_SPOOL_ROWS:
+            self._spool()
+
+    def _spool(self) -> None:
+        if self._pending:
+            self._rejects.write_table(pa.Table.from_pylist(self._pending, schema=tables.REJECTED_SCHEMA))
+            self._pending = []
+
+    def rejects(self) -> pa.RecordBatchReader:
+        """Every reject, once the records have been read."""
+        self._spool()
+        self._rejects.close()
+        return pq.ParquetFile(self.rejects_path).iter_batches()
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        rows = {name: [] for name in tables.DOCS_SCHEMA.names}
+        with self.progress(f"ingest {self.source.name}", None, "records") as advance:
+            for raw in self.source.records():
+                self.read += 1
+                advance(1)
+                try:
+                    doc_id, title, text = parse_record(raw)
+                except RecordError as exc:
+                    self._reject(raw, None, str(exc))
+                    continue
+                if doc_id in self.seen:
+                    self._reject(raw, doc_id, f"duplicate id {doc_id!r} (first seen at record {self.seen[doc_id]})")
+                    continue
+                self.seen[doc_id] = raw.record
+                for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), self.now)):
+                    rows[name].append(value)
+                if len(rows["doc_id"]) >= self.cfg.batch_size:
+                    yield pa.RecordBatch.from_pydict(rows, schema=tables.DOCS_SCHEMA)
+                    rows = {name: [] for name in rows}
+            if rows["doc_id"]:
+                yield pa.RecordBatch.from_pydict(rows, schema=tables.DOCS_SCHEMA)
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(tables.DOCS_SCHEMA, self.batches())
+
+
+REJECT_SPOOL_ROWS = 10_000
+# The snapshot's records meet the current table's keys in batches this big (a batch's join builds a hash table of the
+# current keys, so bigger batches mean fewer builds).
+MERGE_BATCH_ROWS = 200_000
+
+
+class SnapshotRefused(ValueError):
+    """A merge snapshot would delete too much of the corpus; the docs table was left as it was."""
+
+
+def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Path) -> dict:
+    """MERGE the snapshot into the docs table in one commit; counts inserted / updated / deleted / unchanged.
+
+    The snapshot streams past the table's keys (doc_id, content_hash: the only per-document state held); only
+    new or changed documents are spooled to disk and MERGEd, with the ids that left, so the MERGE's source is the
+    night's changes, not the corpus."""
+    from deltalake import DeltaTable
+
+    target = DeltaTable(uri)
+    current = target.to_pyarrow_dataset().to_table(columns=["doc_id", "content_hash"])
+    current = current.rename_columns(["doc_id", "current_hash"]).append_column(
+        "_row", pa.array(np.arange(current.num_rows, dtype=np.int64)))
+    seen = np.zeros(current.num_rows, dtype=bool)
+    changes_path = spool / "changes.parquet"
+    schema = pa.schema([f.with_nullable(True) for f in tables.DOCS_SCHEMA] + [pa.field("_op", pa.string())])
+    inserted = updated = 0
+    with pq.ParquetWriter(changes_path, schema) as changes:
+        for batch in _rebatch(snapshot.batches(), MERGE_BATCH_ROWS):
+            joined = batch.join(current, "doc_id", join_type="left outer")
+            rows = joined.column("_row")
+            seen[pc.drop_null(rows).to_numpy()] = True
+            new = pc.is_null(rows)
+            # A new document has no current hash: its comparison is null, which counts as a change here.
+            differs = pc.fill_null(pc.not_equal(joined.column("content_hash"), joined.column("current_hash")), True)
+            upserts = joined.filter(differs).select(tables.DOCS_SCHEMA.names)
+            n_new = pc.sum(new.cast(pa.int64())).as_py() or 0
+            inserted, updated = inserted + n_new, updated + upserts.num_rows - n_new
+            changes.write_table(upserts.append_column("_op", pa.array(["upsert"] * upserts.num_rows)).cast(schema))
+        gone = current.filter(pa.array(~seen)).column("doc_id")
+        deleted = len(gone)
+        if deleted > max_delete_fraction * current.num_rows:
+            raise SnapshotRefused(
+                f"{snapshot.cfg.source}: this snapshot would delete {deleted} of the {current.num_rows} documents (more "
+                f"than {max_delete_fraction:.0%}; it holds {len(snapshot.seen)} valid records, {snapshot.rejected} "
+                "rejected); the docs table is unchanged. Check the file, or raise --max-delete-fraction if intended")
+        changes.write_table(pa.table({
+            **{f.name: pa.nulls(deleted, f.type) for f in tables.DOCS_SCHEMA if f.name != "doc_id"},
+            "doc_id": gone, "_op": pa.array(["delete"] * deleted)}).select(schema.names).cast(schema))
+    columns = {c: f"s.{c}" for c in tables.DOCS_SCHEMA.names}
+    if inserted or updated or deleted:
+        source = pa.RecordBatchReader.from_batches(schema, pq.ParquetFile(changes_path).iter_batches())
+        (target.merge(source, predicate="t.doc_id = s.doc_id",
+                      source_alias="s", target_alias="t")
+         .when_matched_delete(predicate="s._op = 'delete'")
+         .when_matched_update(columns, predicate="s._op = 'upsert'")
+         .when_not_matched_insert(columns, predicate="s._op = 'upsert'")
+         .execute())
+    return {"inserted": inserted, "updated": updated, "deleted": deleted,
+            "unchanged": len(snapshot.seen) - inserted - updated}
+
+
+def _rebatch(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    waiting, count = [], 0
+    for batch in batches:
+        waiting.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(waiting)
+            waiting, count = [], 0
+    if waiting:
+        yield pa.Table.from_batches(waiting)
+
+
+def ingest(cfg: IngestConfig, progress: Progress) -> dict:
+    """Write the source's snapshot into the warehouse; `progress(description, total, unit)` opens a progress
+    display and yields its `advance(n)`."""
+    with tempfile.TemporaryDirectory(prefix="sira-ingest-") as spool:
+        return _ingest(cfg, Path(spool), progress)
+
+
+def _ingest(cfg: IngestConfig, spool: Path, progress: Progress) -> dict:
+    snapshot = _Snapshot(cfg, spool, progress)
+    docs_uri = tables.table_uri(cfg.warehouse, tables.DOCS)
+    before = table_version(docs_uri)
+    if cfg.mode == "merge" and table_exists(docs_uri):
+        changes = _merge(docs_uri, snapshot, cfg.max_delete_fraction, spool)
+    else:
+        # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
+        write_stream(docs_uri, snapshot.reader(), mode="overwrite")
+        changes = {"inserted": len(snapshot.seen), "updated": 0, "deleted": 0, "unchanged": 0} \
+            if cfg.mode == "merge" else None
+    # Replace: the rejects of this snapshot replace the last ones. Merge (nightly): appended, so every night's
+    # rejects stay inspectable by `rejected_at`.
+    rejected_uri = tables.table_uri(cfg.warehouse, tables.REJECTED)
+    write_stream(rejected_uri, pa.RecordBatchReader.from_batches(tables.REJECTED_SCHEMA, snapshot.rejects()),
+                 mode="append" if cfg.mode == "merge" and table_exists(rejected_uri) else "overwrite")
+    summary = {
+        "source": cfg.source,
+        "read": snapshot.read,
+        "kept": len(snapshot.seen),
+        "rejected": snapshot.rejected,
+        "rejected_by_reason": dict(snapshot.rejected_by_reason),
+        "docs_table_version": table_version(docs_uri),
+        "previous_docs_table_version": before,
+    }
+    if changes is not None:
+        summary["changes"] = changes
+    dataset = snapshot.source.name if snapshot.source.kind == "beir" else None
+    summary["task"] = task_at_ingest(cfg.warehouse, cfg.task, dataset, cfg.source)
+    return summary
