@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--output-json", type=Path, default=REPO_ROOT / "bench/results/serve_latency.json")
     args = parser.parse_args()
 
-    from sira.jobs.progress import console, progress_bar
+    from sira.pipelines.console import console, progress_bar
     from sira.pipelines.index_freshness import ensure_index
     from sira.core.datasets import resolve_dataset
 

@@ -12,16 +12,25 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from sira.jobs.progress import console
+from sira.pipelines.console import console, engine_log_path, engine_logs
 from sira.pipelines.stages import StageFailed
 from sira.core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 from sira.core.program import DEFAULT_W
 
-stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.jobs.progress.console)
+stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.console.console)
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
 
 OutputJson = typer.Option(None, "--output-json", help="write the job's summary as JSON to this path")
 Warehouse = typer.Option(..., "--warehouse", "-w", envvar="SIRA_WAREHOUSE", help="warehouse directory or URI")
+Verbose = typer.Option(False, "--verbose", "-v", help="show the engines' own logs (Ray, Spark, Ivy, the JVM) on the "
+                                                      "console instead of in WAREHOUSE/logs/")
+
+
+def _engine_logs(ctx: typer.Context, warehouse: str, verbose: bool) -> None:
+    """Until the command ends, the engines' output goes to a log file of the warehouse, named at the end (on the
+    console when `verbose`)."""
+    path = None if verbose else engine_log_path(warehouse, ctx.info_name)
+    ctx.with_resource(engine_logs(path))
 
 
 def _write_json(summary: dict, path: Optional[Path]) -> None:
@@ -32,6 +41,7 @@ def _write_json(summary: dict, path: Optional[Path]) -> None:
 
 @app.command()
 def ingest(
+    ctx: typer.Context,
     source: str = typer.Argument(..., help="beir:NAME, a BEIR folder, a .jsonl[.gz] or a .parquet file"),
     warehouse: str = Warehouse,
     merge: bool = typer.Option(False, "--merge", help="MERGE into the current docs table (inserts, updates, deletes "
@@ -39,10 +49,12 @@ def ingest(
     task: Optional[str] = typer.Option(None, help="prompt task recorded for this warehouse (default: the BEIR "
                                                   "dataset's, else the one recorded before, else generic)"),
     output_json: Optional[Path] = OutputJson,
+    verbose: bool = Verbose,
 ):
     """Validate a corpus and write the Delta `docs` table; bad records go to `rejected` with the reason."""
     from sira.jobs import ingest as job
 
+    _engine_logs(ctx, warehouse, verbose)
     summary = job.run(job.IngestConfig(source=source, warehouse=warehouse, mode="merge" if merge else "replace",
                                        task=task))
     console.print(
@@ -84,6 +96,7 @@ Entries = typer.Option(None, "--entries", help="encoder: vocabulary entries, uni
 
 @app.command()
 def enrich(
+    ctx: typer.Context,
     warehouse: str = Warehouse,
     backend: str = typer.Option("encoder", help="encoder | local | openai | vllm"),
     model: Optional[str] = typer.Option(None, help="model id (openai/vllm) or GGUF path / packaged name (local)"),
@@ -121,10 +134,12 @@ def enrich(
     sampling_arg: list[str] = typer.Option([], "--sampling-arg", help="vllm: SamplingParams KEY=VALUE, openai: "
                                                                       "request-body field (repeatable)"),
     output_json: Optional[Path] = OutputJson,
+    verbose: bool = Verbose,
 ):
     """Propose each document's missing search vocabulary (encoder or LLM; incremental, resumable)."""
     from sira.jobs import enrich as job
 
+    _engine_logs(ctx, warehouse, verbose)
     commits = {k: v for k, v in (("commit_every", commit_every), ("commit_interval_s", commit_interval_s))
                if v is not None}
     cfg = job.EnrichConfig(
@@ -146,6 +161,7 @@ def enrich(
 
 @app.command()
 def index(
+    ctx: typer.Context,
     warehouse: str = Warehouse,
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     shards: int = typer.Option(DEFAULT_SHARDS, help="number of doc shards"),
@@ -156,11 +172,13 @@ def index(
     full: bool = typer.Option(False, "--full", help="one segment with every document instead of a new segment on "
                                                     "top of the newest version of the same kind"),
     output_json: Optional[Path] = OutputJson,
+    verbose: bool = Verbose,
 ):
     """Build and publish a new index version with Spark: only new or changed documents are analysed, and they
     enter a new segment on top of the newest version of the same kind (a full build when there is none)."""
     from sira.jobs import index as job
 
+    _engine_logs(ctx, warehouse, verbose)
     summary = job.run(job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
                                       enrichment=enrichment, tau=tau, full=full))
     console.print(f"published index version {summary['index_version']}: {summary['num_docs']} docs, "
@@ -413,6 +431,7 @@ TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (de
 
 @app.command()
 def run(
+    ctx: typer.Context,
     dataset: str = typer.Option("beir:scifact", "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
@@ -436,10 +455,12 @@ def run(
     rerank_model: Optional[str] = RerankModel,
     rerank_depth: int = RerankDepth,
     output_json: Optional[Path] = OutputJson,
+    verbose: bool = Verbose,
 ):
     """The whole pipeline on one dataset: ingest, index, enrich, expand, and evaluate bm25 / doc / query / sira."""
     from sira.jobs import run as job
     from sira.pipelines.tracking import TrackingConfig
+    from sira.core.datasets import resolve_dataset
 
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
     cfg = job.RunConfig(dataset=dataset, warehouse=warehouse, preset=preset, split=split,
@@ -449,6 +470,7 @@ def run(
                         rerank=_reranker(rerank_backend, rerank_model or (model if rerank_backend == backend else None),
                                          base_url, rerank_depth),
                         tracking=TrackingConfig(enabled=tracking, tracking_uri=tracking_uri, experiment=experiment))
+    _engine_logs(ctx, cfg.warehouse_path(resolve_dataset(dataset).name), verbose)
     summary = job.run(cfg)
     table = Table(title=f"{summary['dataset']} / {summary['split']}: {summary['seconds']:.0f} s"
                         + (f", MLflow run {summary['mlflow_run_id']}" if summary["mlflow_run_id"] else ""))
@@ -505,6 +527,7 @@ def sweep(
 
 @app.command()
 def nightly(
+    ctx: typer.Context,
     warehouse: str = Warehouse,
     source: str = typer.Option(..., "--source", help="the corpus snapshot: beir:NAME, a BEIR folder, .jsonl[.gz], .parquet"),
     backend: str = typer.Option("encoder", help="corpus-side proposer: encoder | local | openai | vllm"),
@@ -531,11 +554,13 @@ def nightly(
     experiment: str = typer.Option("sira", help="MLflow experiment"),
     tracking: bool = typer.Option(True, "--tracking/--no-tracking", help="log to MLflow"),
     output_json: Optional[Path] = OutputJson,
+    verbose: bool = Verbose,
 ):
     """Incremental update: MERGE the new snapshot, enrich only new or changed docs, publish a new index version."""
     from sira.jobs import nightly as job
     from sira.pipelines.tracking import TrackingConfig
 
+    _engine_logs(ctx, warehouse, verbose)
     summary = job.run(job.NightlyConfig(
         warehouse=warehouse, source=source, task=task, preset=preset, enrichment=enrichment,
         backend=_backend(backend, model, base_url, api_key_env=api_key_env, batch_size=batch_size,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sira.jobs.progress import console, progress_bar
+from sira.pipelines.console import console, progress_bar
 from sira.pipelines.corpus_enrichment import EnrichConfig
 
 

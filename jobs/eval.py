@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sira.jobs.progress import console, progress_bar
+from sira.pipelines.console import console, progress_bar
 from sira.pipelines.index_freshness import ensure_index
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.query_expansion import expand_queries

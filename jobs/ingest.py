@@ -3,7 +3,7 @@ dataflow and its two modes (replace, merge) are in sira.pipelines.ingest."""
 
 from __future__ import annotations
 
-from sira.jobs.progress import progress_bar
+from sira.pipelines.console import progress_bar
 from sira.pipelines.ingest import IngestConfig, ingest
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
-from sira.jobs.progress import console
+from sira.pipelines.console import console
 from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
 from sira.pipelines.index_freshness import fresh_or_build
 from sira.pipelines.ingest import IngestConfig

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira.jobs.progress import console, progress_bar
+from sira.pipelines.console import console, progress_bar
 from sira.pipelines.delta_io import merge_rows, read_table, table_exists
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.warehouse_info import warehouse_task

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import eval as eval_job
-from sira.jobs.progress import console, progress_bar
+from sira.pipelines.console import console, progress_bar
 from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
 from sira.pipelines.index_freshness import ensure_index, fresh_or_build
 from sira.pipelines.llm_backends import BackendConfig
@@ -70,6 +70,9 @@ class RunConfig(BaseModel):
         if RERANK_VARIANT not in self.variants and self.rerank is not None:
             raise ValueError(f"a reranker is used only by variant {RERANK_VARIANT}: add it to --variants")
         return self
+
+    def warehouse_path(self, dataset_name: str) -> str:
+        return self.warehouse or str(Path("warehouses") / dataset_name)
 
     @property
     def corpus_backend(self) -> BackendConfig:
@@ -181,7 +184,7 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
     from sira.core.datasets import resolve_dataset
 
     dataset = resolve_dataset(cfg.dataset)
-    warehouse = cfg.warehouse or str(Path("warehouses") / dataset.name)
+    warehouse = cfg.warehouse_path(dataset.name)
     stages, estimate = plan(cfg, dataset.name, warehouse)
     console.log(f"sira run {dataset.name}/{cfg.split} in {warehouse}: " + " -> ".join(stages)
                 + f" (roughly {max(1, round(estimate / 60))} min on 2 cores)")

@@ -7,7 +7,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira.jobs.progress import console
+from sira.pipelines.console import console
 from sira.pipelines.llm_backends import BackendConfig
 from sira.core.defaults import DEFAULT_TAU
 from sira.core.program import DEFAULT_W

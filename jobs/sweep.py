@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sira.jobs.progress import console
+from sira.pipelines.console import console
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.tracking import Tracker, TrackingConfig
 from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER

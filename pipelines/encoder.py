@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import math
 
@@ -111,7 +111,8 @@ class MiniLMEncoder:
         self.tokenizer.enable_truncation(max_length=max_tokens)
         self.dim = self.w["embeddings.word_embeddings.weight"].shape[1]
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
+    def encode(self, texts: Sequence[str], on_progress: Callable[[int], None] = lambda n: None) -> np.ndarray:
+        """Unit vectors of `texts`; `on_progress` gets the size of each batch as it is done."""
         if not len(texts):
             return np.zeros((0, self.dim), dtype=np.float32)
         # Sorting by length keeps padding small inside each batch.
@@ -128,6 +129,7 @@ class MiniLMEncoder:
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1.0
             out[idx] = self._forward(ids, mask)
+            on_progress(len(idx))
         return out
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -11,18 +11,22 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sira.pipelines.console import progress_bar
 from sira.pipelines.delta_io import read_table, table_exists, write_table
 from sira.pipelines.encoder import ENCODER_NAME, MiniLMEncoder
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig, index_text
 from sira.core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
                                  surface_forms, vocabulary_entries)
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 PROPOSER_NAME = f"encoder:{ENCODER_NAME}"
 
@@ -71,7 +75,8 @@ def load_vocabulary(
     todo = sorted({s for s in surfaces if s not in known})
     log(f"vocabulary v{version}: {len(entries)} entries, {len(todo)} to encode ({len(known)} cached)")
     if todo:
-        vectors = shared_encoder(cfg.max_tokens).encode(todo)
+        with progress_bar(f"vocabulary v{version}", total=len(todo), unit="entries") as advance:
+            vectors = shared_encoder(cfg.max_tokens).encode(todo, on_progress=advance)
         known.update(zip(todo, vectors))
     rows = pa.Table.from_pydict({
         "index_version": [version] * len(entries),
@@ -127,10 +132,14 @@ class EncoderProposer:
 
 
 class EncoderActor:
-    """Ray Data actor: {key..., prompt} batches -> proposals with the backends' output columns."""
+    """Ray Data actor: {key..., prompt} batches -> proposals with the backends' output columns. The vocabulary
+    comes as an object store reference: its vectors (150 MB for scifact) are read in place by every actor on a
+    node, instead of travelling inside the stage's pickled constructor arguments to each actor."""
 
-    def __init__(self, vocabulary: Vocabulary, cfg_json: str, analyzer_json: str):
-        self.proposer = EncoderProposer(vocabulary, EncoderProposerConfig.model_validate_json(cfg_json),
+    def __init__(self, vocabulary: ObjectRef, cfg_json: str, analyzer_json: str):
+        import ray
+
+        self.proposer = EncoderProposer(ray.get(vocabulary), EncoderProposerConfig.model_validate_json(cfg_json),
                                         Analyzer(AnalyzerConfig.model_validate_json(analyzer_json)))
 
     def __call__(self, batch):
@@ -161,11 +170,15 @@ def encoder_stage(vocabulary: Vocabulary, cfg: EncoderProposerConfig, analyzer_j
     """The Ray Data stage; `concurrency` actors (None: one per CPU of the Ray cluster)."""
     def stage(ds):
         import ray
+        from ray.data import ActorPoolStrategy
 
         # One actor per CPU: Ray limits each actor's BLAS to one thread (fractional num_cpus), so a single actor
         # leaves the other cores idle (scifact: 13.7 min with one actor on 2 cores). Fractional CPUs, as for the
         # local LLM: whole-CPU actors starve the read/write tasks on small machines.
         actors = concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        return ds.map_batches(EncoderActor, fn_constructor_args=(vocabulary, cfg.model_dump_json(), analyzer_json),
-                              batch_size=batch_size, batch_format="pandas", concurrency=actors, num_cpus=0.5)
+        # The reference lives in the dataset's plan, so the vocabulary stays in the object store while it runs.
+        return ds.map_batches(EncoderActor,
+                              fn_constructor_args=(ray.put(vocabulary), cfg.model_dump_json(), analyzer_json),
+                              batch_size=batch_size, batch_format="pandas",
+                              compute=ActorPoolStrategy(size=actors), num_cpus=0.5)
     return stage

@@ -336,6 +336,8 @@ def local_stage(cfg: BackendConfig) -> Callable:
     from sira.pipelines.local_llm import LocalLLMActor
 
     def stage(ds):
+        from ray.data import ActorPoolStrategy
+
         # One model per core, each on one thread: two 1-thread llama.cpp engines gave 1.6x the documents/s of
         # one 2-thread engine on 2 cores (prompt evaluation and sampling do not scale linearly with threads).
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -345,7 +347,7 @@ def local_stage(cfg: BackendConfig) -> Callable:
             fn_constructor_kwargs={"config_json": cfg.model_dump_json(), "threads": max(1, cpus // actors)},
             batch_size=cfg.batch_size,
             batch_format="pandas",
-            concurrency=actors,
+            compute=ActorPoolStrategy(size=actors),
             # Fractional CPUs: on small machines a whole-CPU actor starves the read/write tasks (deadlock).
             num_cpus=0.5,
         )

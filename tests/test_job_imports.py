@@ -11,7 +11,6 @@ import pytest
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 SINGLE_STEP = {"ingest", "index", "enrich", "eval", "query", "serve", "report"}
 COMPOSITE = {"run", "nightly", "sweep"}
-SHARED = {"progress"}  # console output, not a job
 ENTRY = {"cli"}  # the `sira` command dispatches to every job
 
 
@@ -29,15 +28,15 @@ def jobs_imported(name: str) -> set[str]:
 
 
 def test_every_module_of_jobs_has_a_role():
-    assert {p.stem for p in JOBS.glob("*.py")} - {"__init__"} == SINGLE_STEP | COMPOSITE | SHARED | ENTRY
+    assert {p.stem for p in JOBS.glob("*.py")} - {"__init__"} == SINGLE_STEP | COMPOSITE | ENTRY
 
 
 @pytest.mark.parametrize("name", sorted(SINGLE_STEP))
 def test_a_single_step_job_imports_no_other_job(name):
-    assert jobs_imported(name) <= SHARED
+    assert jobs_imported(name) == set()
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSITE))
 def test_a_composite_job_composes_single_step_jobs_only(name):
     imported = jobs_imported(name)
-    assert imported <= SINGLE_STEP | SHARED and imported & SINGLE_STEP
+    assert imported and imported <= SINGLE_STEP

@@ -190,9 +190,9 @@ def test_local_stage_runs_one_single_thread_engine_per_core(monkeypatch):
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
     llm_backends.local_stage(BackendConfig(backend="local"))(FakeDataset())
-    assert seen["concurrency"] == 4 and seen["fn_constructor_kwargs"]["threads"] == 1
+    assert seen["compute"].max_size == 4 and seen["fn_constructor_kwargs"]["threads"] == 1
     llm_backends.local_stage(BackendConfig(backend="local", concurrency=2))(FakeDataset())
-    assert seen["concurrency"] == 2 and seen["fn_constructor_kwargs"]["threads"] == 2
+    assert seen["compute"].max_size == 2 and seen["fn_constructor_kwargs"]["threads"] == 2
 
 
 def test_a_judge_prompt_is_decoded_once_under_its_grammar_without_keyword_examples():
