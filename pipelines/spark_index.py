@@ -516,6 +516,9 @@ def analyse_phrases(b: Build, docs: DataFrame, phrases: DataFrame) -> None:
         merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))
         (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
          .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+    elif not table_exists(uri):  # nothing proposed yet: an empty table, so that the decisions read no rows
+        (b.spark.createDataFrame([], spark_ddl(tables.PHRASE_ANALYSIS_SCHEMA))
+         .write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
 
 
 # Up to this many rows, the small side of a join is sent to every task (a broadcast join) rather than the big side

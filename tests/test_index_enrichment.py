@@ -103,3 +103,14 @@ def test_eval_doc_variant_uses_the_enriched_index(enriched_warehouse, tiny_beir)
     assert plain["index_version"] == find_index(enriched_warehouse, enriched=False)["index_version"]
     assert (doc["variant"], plain["variant"]) == ("doc", "bm25")
     assert set(doc["metrics"]) == {"ndcg@10", "recall@10", "recall@100"}
+
+
+def test_an_enrichment_that_proposed_nothing_builds_an_enriched_index(tmp_path, tiny_beir, spark):
+    # e.g. the encoder proposer over a corpus too small to leave it a vocabulary: every answer is empty
+    wh = str(tmp_path / "wh")
+    ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))
+    docs = read_table(f"{wh}/docs")
+    commit(wh, enrichment_rows(docs, {doc_id: [] for doc_id in docs["doc_id"].to_pylist()}))
+    index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2), spark=spark)
+    manifest = find_index(wh, preset="sira", enriched=True)
+    assert manifest["phrases_kept"] == 0
