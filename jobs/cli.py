@@ -207,38 +207,33 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
     """Search one query (or run a retrieval program) and print the ranked hits."""
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.shard_loader import load_query_path, load_searcher
     from sira.core.program import RetrievalProgram
 
     if (text is None) == (program_file is None):
         raise ValueError("give either a query text or --program FILE")
     searcher, manifest = load_searcher(warehouse, index_version, preset)
+    path = load_query_path(warehouse, manifest, searcher, tau, expand=expand and text is not None)
     if program_file is not None:
-        program = RetrievalProgram.model_validate_json(program_file.read_text(encoding="utf-8"))
-        extra = RetrievalProgram.build("", searcher.analyzer, must=must, exclude=exclude)
-        program = program.model_copy(update={"must": program.must + extra.must,
-                                             "exclude": program.exclude + extra.exclude})
+        program = RetrievalProgram.model_validate_json(program_file.read_text(encoding="utf-8")) \
+            .constrained(path.analyzer, must, exclude)
+        [ranked] = path.rank([program], k)
     else:
-        decisions, proposer, weights = (), "", None
+        proposals, proposer = None, ""
         if expand:
             from sira.pipelines.online_proposer import propose_once
-            from sira.pipelines.shard_loader import load_df_table
             from sira.pipelines.warehouse_info import warehouse_task
-            from sira.core.dfstats import query_side_filter
 
             cfg = _backend(backend, model, base_url)
             proposal = propose_once(warehouse, cfg, warehouse_task(warehouse, task), text, manifest)
             if proposal.error:
                 console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {proposal.error}")
-            decisions = query_side_filter(proposal.phrases, searcher.analyzer, load_df_table(warehouse, manifest).lookup,
-                                          manifest["num_docs"], tau)
-            proposer, weights = cfg.model_id(), proposal.weight_of()
-            w = cfg.resolve_w(w)
+            proposals, proposer, w = [proposal], cfg.model_id(), cfg.resolve_w(w)
         # Without expansion the program has no expansion part for w to weigh: the program's default is recorded.
-        program = RetrievalProgram.build(text, searcher.analyzer, decisions, w=DEFAULT_W if w is None else w,
-                                         must=must, exclude=exclude,
-                                         proposer=proposer, index_version=manifest["index_version"], weights=weights)
-    hits = searcher.run_program(program, k=k, explain=explain)
+        [program], [ranked] = path.search([text], k, proposals, DEFAULT_W if w is None else w, proposer,
+                                          must=must, exclude=exclude)
+    hits = list(zip(ranked[0].to_pylist(), ranked[1].tolist()))
+    contributions = path.contributions(program, [d for d, _ in hits]) if explain else {}
     if as_json:
         out = {
             "query": program.query,
@@ -246,8 +241,8 @@ def search(
             "terms": program.original_terms,
             "program": program.model_dump(),
             "hits": [
-                {"rank": i, "doc_id": h.doc_id, "score": h.score, **({"contributions": h.contributions} if explain else {})}
-                for i, h in enumerate(hits, 1)
+                {"rank": i, "doc_id": d, "score": score, **({"contributions": contributions[d]} if explain else {})}
+                for i, (d, score) in enumerate(hits, 1)
             ],
         }
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
@@ -255,10 +250,10 @@ def search(
     table = Table(title=f"{program.query!r}  (index v{manifest['index_version']}, {manifest['preset']})")
     for col in ("rank", "doc_id", "score") + (("contributions",) if explain else ()):
         table.add_column(col)
-    for i, h in enumerate(hits, 1):
-        row = [str(i), h.doc_id, f"{h.score:.4f}"]
+    for i, (d, score) in enumerate(hits, 1):
+        row = [str(i), d, f"{score:.4f}"]
         if explain:
-            row.append(", ".join(f"{t}={v:.3f}" for t, v in sorted(h.contributions.items(), key=lambda kv: -kv[1])))
+            row.append(", ".join(f"{t}={v:.3f}" for t, v in sorted(contributions[d].items(), key=lambda kv: -kv[1])))
         table.add_row(*row)
     stdout.print(table) if hits else stdout.print("no hits")
 

@@ -15,12 +15,12 @@ from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.query_expansion import expand_queries
 from sira.pipelines.rerank import RerankConfig, rerank_run
 from sira.pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
-from sira.pipelines.shard_loader import load_df_table, load_searcher
+from sira.pipelines.shard_loader import load_query_path, load_searcher
 from sira.core import tables
 from sira.core.datasets import resolve_dataset
 from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
 from sira.core.enrichment import task_for_dataset
-from sira.core.program import RetrievalProgram, expansion_program
+from sira.core.program import DEFAULT_W, RetrievalProgram
 from sira.core.rerank import RERANK_VARIANT
 from sira.core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
@@ -83,34 +83,14 @@ class EvalConfig(BaseModel):
         return self.warehouse or str(Path("warehouses") / dataset_name)
 
 
-class Programs(dict):
-    """qid -> RetrievalProgram, with the expansion job's summary."""
-
-    summary: dict | None = None
-
-
-def build_programs(cfg: EvalConfig, dataset_name: str, warehouse: str, searcher, manifest: dict,
-                   queries: dict[str, str]) -> Programs:
-    """One retrieval program per query: the plain query, or (query / sira variants) the query plus its
-    DF-validated expected-response sketch."""
-    programs = Programs()
+def expand(cfg: EvalConfig, dataset_name: str, warehouse: str, manifest: dict,
+           queries: dict[str, str]) -> tuple[dict | None, dict | None]:
+    """(query / sira variants) Each query's proposal and the expansion job's summary; (None, None) otherwise."""
     if not cfg.expanded:
-        for qid, text in queries.items():
-            programs[qid] = RetrievalProgram.build(text, searcher.analyzer, index_version=manifest["index_version"])
-        return programs
-    task = cfg.task or task_for_dataset(dataset_name)
+        return None, None
     with progress_bar("expand queries", total=len(queries), unit="queries") as advance:
-        proposals, summary = expand_queries(warehouse, queries, task, cfg.backend, cfg.ray_address,
-                                            on_progress=advance, manifest=manifest)
-    df_table = load_df_table(warehouse, manifest)
-    for qid, text in queries.items():
-        programs[qid] = expansion_program(text, searcher.analyzer, proposals[qid], df_table.lookup,
-                                          manifest["num_docs"], cfg.tau, cfg.resolved_w, summary["model"],
-                                          manifest["index_version"], summary["prompt_version"])
-    kept = sum(e.kept for p in programs.values() for e in p.expansions)
-    programs.summary = {**summary, "phrases_proposed": sum(len(p.phrases) for p in proposals.values()),
-                        "phrases_kept": kept}
-    return programs
+        return expand_queries(warehouse, queries, cfg.task or task_for_dataset(dataset_name), cfg.backend,
+                              cfg.ray_address, on_progress=advance, manifest=manifest)
 
 
 def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
@@ -125,8 +105,13 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
                                 enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
                                 log=console.log, progress=progress_bar)
     searcher, manifest = load_searcher(warehouse, manifest["index_version"])
-    programs = build_programs(cfg, dataset.name, warehouse, searcher, manifest, queries)
+    proposals, expansion = expand(cfg, dataset.name, warehouse, manifest, queries)
+    path = load_query_path(warehouse, manifest, searcher, cfg.tau, expand=cfg.expanded)
 
+    # A plain program records the default w: it has no expansion part for w to weigh.
+    w, proposer, prompt_version = (cfg.resolved_w, expansion["model"], expansion["prompt_version"]) if expansion \
+        else (DEFAULT_W, "", None)
+    programs: dict[str, RetrievalProgram] = {}
     run_hits: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
     qids = list(queries)
@@ -134,10 +119,16 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
         for start in range(0, len(qids), QUERY_BATCH):
             batch = qids[start : start + QUERY_BATCH]
             exclude = [(q,) if dataset.queries_are_documents else () for q in batch]
-            ranked = searcher.rank_many([programs[q].parts() for q in batch], k=cfg.depth, exclude_doc_ids=exclude)
-            for qid, ranking in zip(batch, ranked):
-                run_hits[qid] = dict(zip(ranking.doc_ids.to_pylist(), ranking.scores.tolist()))
+            batch_programs, ranked = path.search(
+                [queries[q] for q in batch], cfg.depth, None if proposals is None else [proposals[q] for q in batch],
+                w, proposer, prompt_version, exclude_doc_ids=exclude)
+            for qid, program, (doc_ids, scores) in zip(batch, batch_programs, ranked):
+                programs[qid] = program
+                run_hits[qid] = dict(zip(doc_ids.to_pylist(), scores.tolist()))
             advance(len(batch))
+    if expansion is not None:
+        expansion = {**expansion, "phrases_proposed": sum(len(p.phrases) for p in proposals.values()),
+                     "phrases_kept": sum(e.kept for p in programs.values() for e in p.expansions)}
     rerank_summary = None
     if cfg.rerank is not None:
         with progress_bar("rerank judgments", total=None, unit="judgments") as advance:
@@ -164,7 +155,7 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
         "warehouse": warehouse,
         "run_file": str(run_path),
         "programs_file": str(programs_path),
-        "expansion": getattr(programs, "summary", None),
+        "expansion": expansion,
         "rerank": rerank_summary,
         "queries_per_second": len(queries) / seconds if seconds > 0 else None,
     }

@@ -69,16 +69,10 @@ def read_queries(spec: str) -> dict[str, str]:
 
 
 def run(cfg: QueryConfig) -> dict:
-    import ray
-
     from sira.pipelines.query_expansion import expand_queries
     from sira.pipelines.ray_enrich import init_ray
-    from sira.pipelines.shard_actors import start_shard_actors
-    from sira.pipelines.shard_loader import find_index, load_df_table
-    from sira.core.analysis import Analyzer, AnalyzerConfig
-    from sira.core.program import expansion_program
-    from sira.core.proposers import Proposal
-    from sira.core.search import compile_query, merge_ranked
+    from sira.pipelines.shard_actors import ShardActors, start_shard_actors
+    from sira.pipelines.shard_loader import find_index, load_query_path
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
     queries = read_queries(cfg.queries)
@@ -103,30 +97,24 @@ def run(cfg: QueryConfig) -> dict:
     console.log(f"query run {run_id!r}: {len(todo)} queries to score, {len(done)} already in runs "
                 f"(index v{manifest['index_version']}, expansion {'on' if cfg.expand else 'off'})")
     started = time.perf_counter()
-    analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
     expansion = None
     if todo:
         init_ray(cfg.ray_address)
-        proposals = {q: Proposal([], []) for q in todo}
+        proposals = None
         if cfg.expand:
             with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
                 proposals, expansion = expand_queries(cfg.warehouse, todo, warehouse_task(cfg.warehouse, cfg.task), cfg.backend, cfg.ray_address,
                                                       on_progress=advance, manifest=manifest)
-        df_table = load_df_table(cfg.warehouse, manifest)
-        actors = start_shard_actors(cfg.warehouse, manifest)
+        path = load_query_path(cfg.warehouse, manifest, ShardActors(start_shard_actors(cfg.warehouse, manifest)),
+                               cfg.tau, expand=cfg.expand)
         qids = sorted(todo)
         with progress_bar("score queries", total=len(qids), unit="queries") as advance:
             for start in range(0, len(qids), cfg.batch_size):
                 batch = qids[start : start + cfg.batch_size]
-                programs = [expansion_program(
-                    todo[q], analyzer, proposals[q], df_table.lookup, manifest["num_docs"], cfg.tau,
-                    cfg.backend.resolve_w(cfg.w),
-                    (expansion or {}).get("model", ""), manifest["index_version"],
-                    (expansion or {}).get("prompt_version")) for q in batch]
-                compiled = [compile_query(p.parts()) for p in programs]
-                constraints = [(p.must, p.exclude) for p in programs]
-                per_shard = ray.get([a.top_k.remote(compiled, cfg.k, constraints) for a in actors])
-                ranked = [merge_ranked([shard[i] for shard in per_shard], cfg.k) for i in range(len(batch))]
+                programs, ranked = path.search(
+                    [todo[q] for q in batch], cfg.k, [proposals[q] for q in batch] if cfg.expand else None,
+                    cfg.backend.resolve_w(cfg.w), (expansion or {}).get("model", ""),
+                    (expansion or {}).get("prompt_version"))
                 _commit_runs(runs_uri, run_id, batch, todo, programs, ranked, manifest["index_version"])
                 advance(len(batch))
     rows = read_table(runs_uri, columns=["run_id", "qid", "doc_ids", "scores"]) if table_exists(runs_uri) else \

@@ -23,19 +23,17 @@ from sira.pipelines.llm_backends import (BackendConfig, ErrorTolerantSession, ch
                                     openai_request)
 from sira.pipelines.query_expansion import QUERY_MAX_N, cached_expansions, query_hash
 from sira.core.enrichment import load_template, parse_phrases
+from sira.core.proposers import Proposal
 
 ONLINE_BACKENDS = ("openai", "local", "encoder")
 
 
 @dataclass(frozen=True)
-class Proposal:
-    phrases: list[str]
-    source: str  # cache | backend
-    error: str | None = None  # the backend failed or its output was unusable: no phrases
-    weights: list[float] | None = None  # the proposer's confidence per phrase (None: 1 each)
+class OnlineProposal(Proposal):
+    """A proposal (an error means the backend failed or its output was unusable: no phrases) and where it came
+    from."""
 
-    def weight_of(self) -> dict[str, float]:
-        return dict(zip(self.phrases, self.weights)) if self.weights else {}
+    source: str = "backend"  # cache | backend
 
 
 class OnlineProposer:
@@ -87,25 +85,25 @@ class OnlineProposer:
             self._worker.shutdown(wait=True)
             self._worker = None
 
-    async def propose(self, query: str) -> Proposal:
+    async def propose(self, query: str) -> OnlineProposal:
         cached = self.cache.get(query_hash(query))
         if cached is not None:
-            return Proposal(list(cached.phrases), "cache", weights=list(cached.weights))
+            return OnlineProposal(list(cached.phrases), list(cached.weights), source="cache")
         if self.backend.backend == "encoder":
             try:
                 p = (await asyncio.get_running_loop().run_in_executor(self._worker, self._llm.propose, [query]))[0]
             except Exception as exc:  # degrade to the plain query, as a failed LLM call does
-                return Proposal([], "backend", f"encoder: {type(exc).__name__}: {exc}")
-            return Proposal(p.phrases, "backend", p.error, p.weights)
+                return OnlineProposal([], [], f"encoder: {type(exc).__name__}: {exc}")
+            return OnlineProposal(p.phrases, p.weights, p.error)
         prompt = self.template.render(query, QUERY_MAX_N)
         if self.backend.backend == "openai":
             row = await self._ask_openai(prompt)
         else:
             row = await asyncio.get_running_loop().run_in_executor(self._worker, self._llm.generate, prompt)
         if row.get("error"):
-            return Proposal([], "backend", row["error"])
+            return OnlineProposal([], [], row["error"])
         phrases, error = parse_phrases(row.get("raw_output"), max_words=QUERY_MAX_N)
-        return Proposal(phrases, "backend", error)
+        return OnlineProposal(phrases, [1.0] * len(phrases), error)
 
     async def _ask_openai(self, prompt: str) -> dict:
         cfg = self.backend
@@ -116,10 +114,10 @@ class OnlineProposer:
 
 
 def propose_once(warehouse: str, backend: BackendConfig, task: str, query: str,
-                 manifest: dict | None = None) -> Proposal:
+                 manifest: dict | None = None) -> OnlineProposal:
     """One expansion outside a server (`sira search --expand`): start, ask, close."""
 
-    async def ask() -> Proposal:
+    async def ask() -> OnlineProposal:
         proposer = OnlineProposer(warehouse, backend, task, manifest)
         await proposer.start()
         try:

@@ -15,13 +15,12 @@ the package; nothing is fetched from elsewhere).
     GET  /compare/query?base=RUN&run=RUN&qid=Q[&k=10]  -> that query's two rankings, relevance and programs
     GET  /        the search page;  GET /static/...  its CSS and scripts (no token needed for either)
 
-Shards live in Ray actors (sira.pipelines.shard_actors) and are queried scatter-gather: every actor returns its
-top-k for the compiled query and sira.core.search.merge_ranked merges them by (score desc, doc id asc), so a
-response ranks exactly like the in-process Searcher. Limits answer 4xx JSON `{"error": ...}`: 400 invalid
-request, 401 missing / wrong bearer token (when one is configured, on every JSON endpoint but /health, which
-stays open for probes; the pages and their static files are open, and ask for the token), 404 unknown run or
-query, 413 body too large, 429 more than `max_concurrent` requests in flight. A request never takes the server
-down.
+Searches go through sira.core.query_path over shards that live in Ray actors (sira.pipelines.shard_actors), queried
+scatter-gather, so a response ranks exactly like the in-process Searcher. Limits answer 4xx JSON
+`{"error": ...}`: 400 invalid request, 401 missing / wrong bearer token (when one is configured, on every JSON
+endpoint but /health, which stays open for probes; the pages and their static files are open, and ask for the
+token), 404 unknown run or query, 413 body too large, 429 more than `max_concurrent` requests in flight. A request
+never takes the server down.
 
 Unless pinned to a version, the server follows the newest published version of the kind it serves (see
 SearchService): `sira nightly` publishes, the server switches without downtime.
@@ -47,11 +46,9 @@ from sira.pipelines.hit_details import hit_details
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.online_proposer import OnlineProposer
 from sira.pipelines.runs import RunNotFound, compare_runs, list_runs, query_detail
-from sira.core.analysis import Analyzer, AnalyzerConfig
 from sira.core.defaults import DEFAULT_TAU
-from sira.core.dfstats import DFTable, query_side_filter
 from sira.core.program import DEFAULT_W, RetrievalProgram
-from sira.core.search import compile_query, merge_ranked
+from sira.core.query_path import QueryPath
 
 log = logging.getLogger("sira.serve")
 
@@ -107,16 +104,18 @@ class TooLarge(BadRequest):
 
 @dataclass
 class ServedIndex:
-    """One index version as served: its manifest, the shard actors holding it, its analyzer, and what query-side
-    expansion needs (the proposer reads the version's vocabulary, the DF filter its statistics)."""
+    """One index version as served: its manifest, its query path over the shard actors holding it, and the
+    proposer of query-side expansion (it reads the version's vocabulary)."""
 
     manifest: dict
-    actors: list
-    analyzer: Analyzer
+    path: QueryPath
     proposer: OnlineProposer | None = None
-    df_table: DFTable | None = None
     owns_actors: bool = True  # actors handed in by the caller are the caller's to stop
     in_flight: int = 0  # searches that started on this version and have not finished
+
+    @property
+    def actors(self) -> list:
+        return self.path.scorer.actors
 
 
 @dataclass
@@ -157,15 +156,14 @@ class SearchService:
 
     def load(self, manifest: dict, actors: list | None = None) -> ServedIndex:
         """Load one version (blocking: shard actors start and read their shards; a broken shard fails here)."""
-        from sira.pipelines.shard_actors import start_shard_actors
-        from sira.pipelines.shard_loader import load_df_table
+        from sira.pipelines.shard_actors import ShardActors, start_shard_actors
+        from sira.pipelines.shard_loader import load_query_path
 
         proposer = OnlineProposer(self.warehouse, self.backend, self.task, manifest) if self.backend else None
-        df_table = load_df_table(self.warehouse, manifest) if proposer is not None else None
         owns = actors is None
-        actors = start_shard_actors(self.warehouse, manifest) if actors is None else actors
-        analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
-        return ServedIndex(manifest, actors, analyzer, proposer, df_table, owns)
+        shards = ShardActors(start_shard_actors(self.warehouse, manifest) if actors is None else actors)
+        path = load_query_path(self.warehouse, manifest, shards, self.tau, expand=proposer is not None)
+        return ServedIndex(manifest, path, proposer, owns)
 
     # The served version's parts, for callers that do not care about switching.
     @property
@@ -175,10 +173,6 @@ class SearchService:
     @property
     def actors(self) -> list:
         return self.current.actors
-
-    @property
-    def analyzer(self) -> Analyzer:
-        return self.current.analyzer
 
     @property
     def proposer(self) -> OnlineProposer | None:
@@ -249,30 +243,24 @@ class SearchService:
         if req.expand and index.proposer is None:
             raise BadRequest("expand: this server has no expansion backend (start it with --backend openai|local|encoder)")
         try:  # constraints without index terms are the caller's mistake; check before paying for an expansion
-            RetrievalProgram.build("", index.analyzer, must=req.must, exclude=req.exclude)
+            RetrievalProgram.build("", index.path.analyzer, must=req.must, exclude=req.exclude)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         started = time.perf_counter()
-        decisions, expansion, weights = (), None, None
+        proposals, expansion = None, None
         if req.expand:
             proposal = await index.proposer.propose(req.query)
-            decisions = query_side_filter(proposal.phrases, index.analyzer, index.df_table.lookup,
-                                          index.manifest["num_docs"], self.tau)
             # A failed expansion degrades to the plain query (the program shows no expansions) rather than failing
             # the search; the response says why.
-            expansion = {"source": proposal.source, "error": proposal.error}
-            weights = proposal.weight_of()
+            proposals, expansion = [proposal], {"source": proposal.source, "error": proposal.error}
         expanded = time.perf_counter()
         m = index.manifest
-        program = RetrievalProgram.build(
-            req.query, index.analyzer, decisions, w=self.w if req.w is None else req.w, must=req.must,
-            exclude=req.exclude, proposer=index.proposer.model if req.expand else "",
-            index_version=m["index_version"], prompt_version=index.proposer.prompt_version if req.expand else None,
-            weights=weights)
-        compiled = compile_query(program.parts())
-        constraints = [(program.must, program.exclude)]
-        per_shard = await asyncio.gather(*(a.top_k.remote([compiled], req.k, constraints) for a in index.actors))
-        doc_ids, scores = merge_ranked([ranked[0] for ranked in per_shard], req.k)
+        loop = asyncio.get_running_loop()
+        # The scorer blocks on the shard actors: on a worker thread, so the event loop keeps answering.
+        [program], [(doc_ids, scores)] = await loop.run_in_executor(None, lambda: index.path.search(
+            [req.query], req.k, proposals, self.w if req.w is None else req.w,
+            index.proposer.model if req.expand else "", index.proposer.prompt_version if req.expand else None,
+            req.must, req.exclude))
         hits = [{"doc_id": d, "score": s} for d, s in zip(doc_ids.to_pylist(), scores.tolist())]
         scored = time.perf_counter()
         out = {
@@ -289,11 +277,9 @@ class SearchService:
             out["df_filter"] = {"tau": self.tau, "num_docs": m["num_docs"], "max_df": self.tau * m["num_docs"]}
         if req.explain and hits:
             ids = [h["doc_id"] for h in hits]
-            explained = await asyncio.gather(*(a.contributions.remote(compiled, ids) for a in index.actors))
-            contributions = {d: terms for shard in explained for d, terms in shard.items()}
-            details = await asyncio.get_running_loop().run_in_executor(
-                None, hit_details, self.warehouse, m, index.analyzer, program,
-                {d: contributions.get(d, {}) for d in ids})
+            contributions = await loop.run_in_executor(None, index.path.contributions, program, ids)
+            details = await loop.run_in_executor(None, hit_details, self.warehouse, m, index.path.analyzer, program,
+                                                 contributions)
             for h in hits:
                 h.update(details[h["doc_id"]])
             out["timing_ms"]["explain"] = (time.perf_counter() - scored) * 1000

@@ -14,7 +14,9 @@ from sira.pipelines.shard_cache import cached_shard
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig
 from sira.core.bm25 import CorpusStats, ShardIndex
+from sira.core.defaults import DEFAULT_TAU
 from sira.core.dfstats import DFTable
+from sira.core.query_path import QueryPath, Scorer
 from sira.core.search import Searcher
 
 
@@ -133,3 +135,12 @@ def load_df_table(warehouse: str, manifest: dict) -> DFTable:
     stats = read_table(tables.table_uri(warehouse, tables.TERM_STATS), manifest["term_stats_table_version"],
                        [("index_version", "=", manifest["index_version"])], ["term_id", "df_enriched"])
     return DFTable(stats.column("term_id").to_numpy(), stats.column("df_enriched").to_numpy(), manifest["num_docs"])
+
+
+def load_query_path(warehouse: str, manifest: dict, scorer: Scorer, tau: float = DEFAULT_TAU,
+                    expand: bool = False) -> QueryPath:
+    """The query path of index version `manifest` over `scorer`; with `expand`, it reads the DFs that validate
+    proposals."""
+    analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
+    return QueryPath(scorer, analyzer, manifest["num_docs"], manifest["index_version"],
+                     load_df_table(warehouse, manifest) if expand else None, tau)

@@ -69,11 +69,16 @@ class RetrievalProgram(BaseModel):
                                   dfs=list(d.dfs), weight=max(float(weights.get(d.phrase, 1.0)), 1e-6),
                                   proposer=proposer) for d in decisions],
             w=w,
-            must=[t for text in must for t in constraint_terms(text, analyzer)],
-            exclude=[t for text in exclude for t in constraint_terms(text, analyzer)],
             index_version=index_version,
             prompt_version=prompt_version,
-        )
+        ).constrained(analyzer, must, exclude)
+
+    def constrained(self, analyzer: Analyzer, must: Sequence[str] = (),
+                    exclude: Sequence[str] = ()) -> "RetrievalProgram":
+        """This program with more must-include / must-exclude constraint phrases."""
+        return self.model_copy(update={
+            "must": self.must + [t for text in must for t in constraint_terms(text, analyzer)],
+            "exclude": self.exclude + [t for text in exclude for t in constraint_terms(text, analyzer)]})
 
     def parts(self) -> list[QueryPart]:
         """The weighted query parts of the single BM25 call."""
@@ -105,8 +110,11 @@ def expansion_program(
     proposer: str = "",
     index_version: int | None = None,
     prompt_version: str | None = None,
+    must: Sequence[str] = (),
+    exclude: Sequence[str] = (),
 ) -> RetrievalProgram:
     """A query's program from its proposal: query-side DF validation, then the weighted single call."""
     decisions = query_side_filter(proposal.phrases, analyzer, df_lookup, num_docs, tau)
-    return RetrievalProgram.build(query, analyzer, decisions, w=w, proposer=proposer, index_version=index_version,
-                                  prompt_version=prompt_version, weights=dict(zip(proposal.phrases, proposal.weights)))
+    return RetrievalProgram.build(query, analyzer, decisions, w=w, must=must, exclude=exclude, proposer=proposer,
+                                  index_version=index_version, prompt_version=prompt_version,
+                                  weights=dict(zip(proposal.phrases, proposal.weights)))

@@ -175,6 +175,17 @@ class Searcher:
         return [Ranking(scores[q, : counts[q]], shard_pos[q, : counts[q]], ords[q, : counts[q]], self.shards)
                 for q in range(len(compiled))]
 
+    def retrieve(self, queries: Sequence[WeightedQuery], k: int,
+                 constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
+                 exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[tuple[pa.Array, np.ndarray]]:
+        """The Scorer of sira.core.query_path: each query's (doc ids, scores)."""
+        return [(r.doc_ids, r.scores) for r in self.rank_many(queries, k, exclude_doc_ids, constraints)]
+
+    def contributions(self, query: WeightedQuery, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+        """doc id -> per-term contributions to `query`, for those of `doc_ids` the shards hold."""
+        return {shard.doc_ids[int(o)].as_py(): shard.contributions(int(o), query)
+                for shard in self.shards for o in shard.ords_of(doc_ids)}
+
     def rank(self, query: Query, k: int = 10, exclude_doc_ids: Iterable[str] = (), must_terms: Sequence[str] = (),
              exclude_terms: Sequence[str] = ()) -> Ranking:
         return self.rank_many([query], k, [exclude_doc_ids], [(must_terms, exclude_terms)])[0]

@@ -1,0 +1,81 @@
+"""The one query path (sira.core.query_path): queries -> proposals -> DF-validated programs -> ranked results, over
+real in-memory shards, with recorded proposals standing in for the proposer."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from sira.core.analysis import AnalyzerConfig
+from sira.core.dfstats import DFTable
+from sira.core.hashing import term_id
+from sira.core.memory_index import build_searcher
+from sira.core.presets import BM25Params, IndexPreset
+from sira.core.proposers import Proposal
+from sira.core.query_path import QueryPath
+
+PRESET = IndexPreset(name="t", analyzer=AnalyzerConfig(stemmer="none", max_n=2), bm25=BM25Params())
+DOCS = [("a", "", "heart attack aspirin"), ("b", "", "myocardial infarction statins"),
+        ("c", "", "heart failure aspirin"), ("d", "", "stroke prevention statins aspirin"),
+        ("e", "", "aspirin dose"), ("f", "", "aspirin allergy"), ("g", "", "statins cholesterol")]
+QUERIES = ["heart attack", "stroke"]
+# What a proposer said for each query: kept (rare in the index), unseen, too common (aspirin: 5 of 7 docs).
+PROPOSALS = [Proposal(["myocardial infarction", "cardiology", "aspirin"], [0.8, 1.0, 1.0]),
+             Proposal(["statins"], [1.0])]
+
+
+def path_over(num_shards: int) -> QueryPath:
+    searcher = build_searcher(DOCS, PRESET, num_shards=num_shards)
+    df = Counter(t for _, title, text in DOCS for t in set(searcher.analyzer.terms(f"{title} {text}")))
+    table = DFTable(np.array([term_id(t) for t in df]), np.array(list(df.values())), num_docs=len(DOCS))
+    return QueryPath(searcher, searcher.analyzer, len(DOCS), index_version=3, df_table=table, tau=0.5)
+
+
+@pytest.fixture(scope="module")
+def path():
+    return path_over(2)
+
+
+def test_proposals_become_df_validated_programs(path):
+    programs = path.programs(QUERIES, PROPOSALS, w=0.5, proposer="recorded", prompt_version="p1")
+    assert [(e.phrase, e.reason) for e in programs[0].expansions] == [
+        ("myocardial infarction", "kept"), ("cardiology", "unseen"), ("aspirin", "too common")]
+    assert programs[0].expansions[0].weight == 0.8 and programs[1].expansions[0].kept
+    assert {(p.index_version, p.prompt_version, p.expansions[0].proposer) for p in programs} == {(3, "p1", "recorded")}
+    assert [p.expansions for p in path.programs(QUERIES)] == [[], []]
+
+
+def test_ranked_results_are_the_searchers_for_each_program(path):
+    programs, ranked = path.search(QUERIES, 5, PROPOSALS, w=0.5, must=["heart"])
+    assert all(p.must == ["heart"] for p in programs)
+    for program, (doc_ids, scores) in zip(programs, ranked):
+        expected = path.scorer.run_program(program, k=5)
+        assert doc_ids.to_pylist() == [h.doc_id for h in expected]
+        assert scores.round(4).tolist() == [round(h.score, 4) for h in expected]
+    assert ranked[0][0].to_pylist() == ["a", "c"]  # "b" holds the expansion but not the must term
+    assert ranked[1][0].to_pylist() == []
+
+
+def test_shards_do_not_change_the_ranking_and_excluded_docs_are_filled_around():
+    one, three = path_over(1), path_over(3)
+    programs = one.programs(QUERIES, PROPOSALS, w=0.5)
+    for exclude in (None, [("a",), ("d",)]):
+        got = [(ids.to_pylist(), s.round(4).tolist()) for ids, s in three.rank(programs, 3, exclude)]
+        assert got == [(ids.to_pylist(), s.round(4).tolist()) for ids, s in one.rank(programs, 3, exclude)]
+    [(ids, _)] = one.rank(programs[:1], 2, [("a",)])
+    assert sorted(ids.to_pylist()) == ["b", "c"]  # the other two docs that match
+
+
+def test_contributions_add_up_to_each_hits_score(path):
+    [program], [(doc_ids, scores)] = path.search(QUERIES[:1], 5, PROPOSALS[:1], w=0.5)
+    contributions = path.contributions(program, doc_ids.to_pylist() + ["nowhere"])
+    for doc_id, score in zip(doc_ids.to_pylist(), scores.tolist()):
+        assert sum(contributions[doc_id].values()) == pytest.approx(score, abs=1e-6)
+    assert contributions["nowhere"] == {}
+
+
+def test_proposals_need_the_df_table_and_one_per_query(path):
+    with pytest.raises(ValueError, match="DF table"):
+        QueryPath(path.scorer, path.analyzer, len(DOCS)).programs(QUERIES, PROPOSALS)
+    with pytest.raises(ValueError, match="2 queries but 1 proposals"):
+        path.programs(QUERIES, PROPOSALS[:1])
