@@ -14,10 +14,17 @@ from rich.table import Table
 
 from sira.pipelines.console import console, engine_log_path, engine_logs
 from sira.pipelines.stages import StageFailed
-from sira.core.defaults import DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, SHARDS_HELP,
+                                 SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
 from sira.core.program import DEFAULT_W
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.console.console)
+# The options several commands share, declared once (their defaults and help live in sira.core.defaults).
+TauOption = typer.Option(DEFAULT_TAU, "--tau", help=TAU_HELP)
+WeightOption = typer.Option(None, "--expansion-weight", "--w", help=W_HELP)
+ShardsOption = typer.Option(DEFAULT_SHARDS, "--shards", help=SHARDS_HELP)
+SparkMasterOption = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help=SPARK_MASTER_HELP)
+BaseUrlOption = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: the endpoint's /v1 URL")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
 
 OutputJson = typer.Option(None, "--output-json", help="write the job's summary as JSON to this path")
@@ -31,6 +38,12 @@ def _engine_logs(ctx: typer.Context, warehouse: str, verbose: bool) -> None:
     console when `verbose`)."""
     path = None if verbose else engine_log_path(warehouse, ctx.info_name)
     ctx.with_resource(engine_logs(path))
+
+
+def _default_warehouse(dataset: str) -> str:
+    from sira.core.datasets import resolve_dataset
+
+    return default_warehouse(resolve_dataset(dataset).name)
 
 
 def _write_json(summary: dict, path: Optional[Path]) -> None:
@@ -102,7 +115,7 @@ def enrich(
     model: Optional[str] = typer.Option(None, help="model id (openai/vllm) or GGUF path / packaged name (local)"),
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = BaseUrlOption,
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
     max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
@@ -164,11 +177,11 @@ def index(
     ctx: typer.Context,
     warehouse: str = Warehouse,
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
-    shards: int = typer.Option(DEFAULT_SHARDS, help="number of doc shards"),
-    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help="Spark master URL"),
+    shards: int = ShardsOption,
+    spark_master: str = SparkMasterOption,
     enrichment: Optional[bool] = typer.Option(None, "--enrichment/--no-enrichment",
                                               help="inject enrichment phrases (default: when the warehouse has them)"),
-    tau: float = typer.Option(DEFAULT_TAU, help="corpus-side DF filter: drop phrases whose min DF > tau*|C|"),
+    tau: float = TauOption,
     full: bool = typer.Option(False, "--full", help="one segment with every document instead of a new segment on "
                                                     "top of the newest version of the same kind"),
     output_json: Optional[Path] = OutputJson,
@@ -199,10 +212,10 @@ def search(
     expand: bool = typer.Option(False, "--expand", help="add the LLM's expected-response sketch (DF-validated)"),
     backend: str = typer.Option("encoder", help="--expand: encoder | local | openai"),
     model: Optional[str] = typer.Option(None, help="--expand: model"),
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="--expand, openai: endpoint"),
+    base_url: str = BaseUrlOption,
     task: Optional[str] = typer.Option(None, help="--expand: prompt task (default: the one recorded at ingest)"),
-    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="--expand: weight of the expansion part (default: the proposer's)"),
-    tau: float = typer.Option(DEFAULT_TAU, help="--expand: query-side DF filter"),
+    w: Optional[float] = WeightOption,
+    tau: float = TauOption,
     explain: bool = typer.Option(False, "--explain", help="show each hit's per-term contributions"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
@@ -260,6 +273,7 @@ def search(
 
 @app.command()
 def query(
+    ctx: typer.Context,
     warehouse: str = Warehouse,
     queries: str = typer.Option(..., "--queries", help="queries.jsonl[.gz], a qid<TAB>text TSV or a Delta table"),
     out: Path = typer.Option(..., "--out", help="TREC run file to write"),
@@ -268,19 +282,22 @@ def query(
     expand: bool = typer.Option(True, "--expand/--no-expand", help="query-side expansion"),
     backend: str = typer.Option("encoder", help="encoder | local | openai | vllm"),
     model: Optional[str] = typer.Option(None),
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url"),
+    base_url: str = BaseUrlOption,
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
     task: Optional[str] = typer.Option(None, help="prompt task (default: the one recorded at ingest)"),
-    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
-    tau: float = typer.Option(DEFAULT_TAU),
+    w: Optional[float] = WeightOption,
+    tau: float = TauOption,
     index_version: Optional[int] = typer.Option(None, "--index-version"),
     batch_size: int = typer.Option(256, "--batch-size", help="queries per scoring round and per runs-table commit"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address"),
+    verbose: bool = Verbose,
     output_json: Optional[Path] = OutputJson,
 ):
     """Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run."""
     from sira.jobs import query as job
+
+    _engine_logs(ctx, warehouse, verbose)
 
     summary = job.run(job.QueryConfig(warehouse=warehouse, queries=queries, out=out, run_id=run_id, k=k, expand=expand,
                                       backend=_backend(backend, model, base_url, proposals, entries),
@@ -307,10 +324,10 @@ def serve(
     backend: Optional[str] = typer.Option(None, help="query-side proposer for expand: encoder | openai | local "
                                                      "(default: none)"),
     model: Optional[str] = typer.Option(None, help="query-side model"),
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = BaseUrlOption,
     timeout_s: float = typer.Option(10.0, "--timeout-s", help="openai: per-attempt timeout of an expansion"),
-    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
-    tau: float = typer.Option(DEFAULT_TAU, help="query-side DF filter"),
+    w: Optional[float] = WeightOption,
+    tau: float = TauOption,
     task: Optional[str] = typer.Option(None, help="prompt task (default: the one recorded at ingest)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     follow: Optional[bool] = typer.Option(None, "--follow/--no-follow", help="switch to newer published versions "
@@ -350,31 +367,35 @@ def _reranker(backend: str | None, model: str | None, base_url: str, depth: int)
 
 @app.command("eval")
 def eval_(
+    ctx: typer.Context,
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     split: str = typer.Option("test"),
     variant: str = typer.Option("bm25", help="bm25 | doc (corpus side) | query (query side) | sira (both) | "
                                              "sira+rerank (sira, then an LLM judges its top-k; needs --rerank-backend)"),
-    tau: float = typer.Option(DEFAULT_TAU),
-    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
+    tau: float = TauOption,
+    w: Optional[float] = WeightOption,
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the dataset name)"),
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend",
                                               help="corpus-side proposer: enrich with it first (default: index the warehouse's enrichment; encoder when none)"),
     model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = BaseUrlOption,
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
-    shards: int = typer.Option(DEFAULT_SHARDS),
-    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master"),
+    shards: int = ShardsOption,
+    spark_master: str = SparkMasterOption,
     rerank_backend: Optional[str] = RerankBackend,
     rerank_model: Optional[str] = RerankModel,
     rerank_depth: int = RerankDepth,
+    verbose: bool = Verbose,
     output_json: Optional[Path] = OutputJson,
 ):
     """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
     from sira.jobs import eval as job
+
+    _engine_logs(ctx, warehouse or _default_warehouse(dataset), verbose)
 
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
     summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau, w=w, task=task,
@@ -436,13 +457,13 @@ def run(
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer (default: --backend)"),
     model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = BaseUrlOption,
     proposals: Optional[int] = Proposals,
     entries: Optional[str] = Entries,
-    tau: float = typer.Option(DEFAULT_TAU),
-    w: Optional[float] = typer.Option(None, "--expansion-weight", "--w", help="weight of the expansion part (default: the proposer's)"),
-    shards: int = typer.Option(DEFAULT_SHARDS),
-    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master"),
+    tau: float = TauOption,
+    w: Optional[float] = WeightOption,
+    shards: int = ShardsOption,
+    spark_master: str = SparkMasterOption,
     tracking_uri: Optional[str] = TrackingUri,
     experiment: str = typer.Option("sira", help="MLflow experiment"),
     tracking: bool = typer.Option(True, "--tracking/--no-tracking", help="log to MLflow"),
@@ -483,6 +504,7 @@ def run(
 
 @app.command()
 def sweep(
+    ctx: typer.Context,
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     split: str = typer.Option(..., help="train | dev: the split the setting is selected on (never test)"),
     param: list[str] = typer.Option(..., "--param", help="NAME=V1,V2 for tau, w or n (n-gram order); repeatable"),
@@ -493,15 +515,18 @@ def sweep(
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer"),
     model: Optional[str] = typer.Option(None),
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url"),
-    shards: int = typer.Option(DEFAULT_SHARDS),
+    base_url: str = BaseUrlOption,
+    shards: int = ShardsOption,
     tracking_uri: Optional[str] = TrackingUri,
     experiment: str = typer.Option("sira", help="MLflow experiment"),
+    verbose: bool = Verbose,
     output_json: Optional[Path] = OutputJson,
 ):
     """Grid over tau / w / n-gram order, selected on train or dev, the choice evaluated once on test."""
     from sira.jobs import sweep as job
     from sira.pipelines.tracking import TrackingConfig
+
+    _engine_logs(ctx, warehouse or _default_warehouse(dataset), verbose)
 
     grid = dict(job.parse_param(p) for p in param)
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url)
@@ -529,7 +554,7 @@ def nightly(
     enrichment: bool = typer.Option(True, "--enrichment/--no-enrichment",
                                     help="enrich and publish the enriched index; --no-enrichment: the plain index"),
     model: Optional[str] = typer.Option(None, help="LLM model"),
-    base_url: str = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: endpoint /v1 URL"),
+    base_url: str = BaseUrlOption,
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
                                                                          "backend's, llm_backends.BATCH_SIZES)"),
@@ -537,9 +562,9 @@ def nightly(
                                                          "one per CPU core, the others 1)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: the one recorded at ingest)"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
-    shards: int = typer.Option(DEFAULT_SHARDS),
-    tau: float = typer.Option(DEFAULT_TAU, help="corpus-side DF filter"),
-    spark_master: str = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help="Spark master URL"),
+    shards: int = ShardsOption,
+    tau: float = TauOption,
+    spark_master: str = SparkMasterOption,
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     keep_days: float = typer.Option(7.0, "--keep-days", help="delete index versions older than this (the newest "
                                                              "of each kind stays)"),

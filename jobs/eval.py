@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from sira.pipelines.console import console, progress_bar
 from sira.pipelines.index_freshness import ensure_index
@@ -18,7 +18,7 @@ from sira.pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
 from sira.pipelines.shard_loader import load_query_path, load_searcher
 from sira.core import tables
 from sira.core.datasets import resolve_dataset
-from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.defaults import EvaluationParams, default_warehouse
 from sira.core.enrichment import task_for_dataset
 from sira.core.program import DEFAULT_W, RetrievalProgram
 from sira.core.rerank import RERANK_VARIANT
@@ -28,7 +28,7 @@ from sira.core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 QUERY_BATCH = 256
 
 
-class EvalConfig(BaseModel):
+class EvalConfig(EvaluationParams):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field(description="beir:NAME or a folder in BEIR format")
@@ -39,11 +39,6 @@ class EvalConfig(BaseModel):
                             "index; sira: both sides; sira+rerank: sira, then an LLM judges its top-k (not a "
                             "single call)")
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
-    shards: int = Field(DEFAULT_SHARDS, ge=1)
-    tau: float = Field(DEFAULT_TAU, gt=0, le=1)
-    depth: int = Field(1000, ge=100, description="hits kept per query (the TREC run depth)")
-    spark_master: str = DEFAULT_SPARK_MASTER
-    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
     task: str | None = Field(None, description="prompt task; default: chosen from the dataset name")
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
                                    description="query-side proposer")
@@ -80,7 +75,7 @@ class EvalConfig(BaseModel):
         return self.first_stage in ("query", "sira")
 
     def warehouse_path(self, dataset_name: str) -> str:
-        return self.warehouse or str(Path("warehouses") / dataset_name)
+        return self.warehouse or default_warehouse(dataset_name)
 
 
 def expand(cfg: EvalConfig, dataset_name: str, warehouse: str, manifest: dict,

@@ -3,22 +3,19 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from sira.pipelines.console import console
-from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.defaults import DFFilterParams, IndexBuildParams
 
 
-class IndexConfig(BaseModel):
+class IndexConfig(DFFilterParams, IndexBuildParams):
     model_config = ConfigDict(extra="forbid")
 
     warehouse: str
     preset: str = "sira"
-    shards: int = Field(DEFAULT_SHARDS, ge=1, le=4096)
-    spark_master: str = DEFAULT_SPARK_MASTER
     enrichment: bool | None = Field(
         None, description="inject enrichment phrases; None: when the warehouse has an enrichment table")
-    tau: float = Field(DEFAULT_TAU, gt=0, le=1, description="corpus-side DF filter: drop phrases with min DF > tau*|C|")
     enrichment_model: str | None = None
     enrichment_prompt_version: str | None = None
     full: bool = Field(False, description="one segment with every document (from the kept analysis) instead of a "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
@@ -29,10 +29,10 @@ from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.ray_enrich import COMMIT_EVERY
 from sira.pipelines.stages import StageFailed
 from sira.pipelines.tracking import Tracker, TrackingConfig
-from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.defaults import DFFilterParams, IndexBuildParams
 
 
-class NightlyConfig(BaseModel):
+class NightlyConfig(DFFilterParams, IndexBuildParams):
     model_config = ConfigDict(extra="forbid")
 
     warehouse: str
@@ -43,9 +43,6 @@ class NightlyConfig(BaseModel):
                                                "False: publish the plain index only")
     task: str | None = Field(None, description="prompt task, recorded for the warehouse; default: the one recorded at ingest")
     preset: str = "sira"
-    shards: int = Field(DEFAULT_SHARDS, ge=1, le=4096)
-    tau: float = Field(DEFAULT_TAU, gt=0, le=1, description="corpus-side DF filter")
-    spark_master: str = DEFAULT_SPARK_MASTER
     ray_address: str | None = None
     keep_days: float = Field(7.0, ge=0, description="index versions older than this are deleted (the newest of "
                                                     "each kind is always kept)")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from sira.pipelines.console import console, progress_bar
 from sira.pipelines.delta_io import merge_rows, read_table, table_exists
@@ -22,11 +22,11 @@ from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.warehouse_info import warehouse_task
 from sira.core import tables
 from sira.core.datasets import iter_lines
-from sira.core.defaults import DEFAULT_TAU
+from sira.core.defaults import ExpansionParams
 from sira.core.metrics import write_trec_run
 
 
-class QueryConfig(BaseModel):
+class QueryConfig(ExpansionParams):
     model_config = ConfigDict(extra="forbid")
 
     warehouse: str
@@ -37,8 +37,6 @@ class QueryConfig(BaseModel):
     expand: bool = True
     backend: BackendConfig = Field(default_factory=BackendConfig)
     task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
-    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
-    tau: float = Field(DEFAULT_TAU, gt=0, le=1)
     index_version: int | None = None
     preset: str | None = None
     batch_size: int = Field(256, gt=0, description="queries per scoring round and per runs-table commit")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import eval as eval_job
@@ -24,7 +24,7 @@ from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.rerank import RerankConfig
 from sira.pipelines.stages import StageFailed
 from sira.pipelines.tracking import Tracker, TrackingConfig
-from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU
+from sira.core.defaults import EvaluationParams, default_warehouse
 from sira.core.rerank import RERANK_VARIANT
 
 VARIANTS = ("bm25", "doc", "query", "sira")  # the single-call variants, run by default
@@ -42,7 +42,7 @@ _JUDGMENTS_PER_SECOND = {"local": 0.12, "openai": 5.0}
 _QUERIES_PER_SECOND = {"encoder": 20.0, "local": 0.5, "openai": 5.0, "vllm": 50.0}
 
 
-class RunConfig(BaseModel):
+class RunConfig(EvaluationParams):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field("beir:scifact", description="beir:NAME or a folder in BEIR format")
@@ -53,11 +53,6 @@ class RunConfig(BaseModel):
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
                                    description="query-side proposer")
     doc_backend: BackendConfig | None = Field(None, description="corpus-side proposer (default: the query side's)")
-    tau: float = Field(DEFAULT_TAU, gt=0, le=1)
-    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
-    shards: int = Field(DEFAULT_SHARDS, ge=1)
-    depth: int = Field(1000, ge=100)
-    spark_master: str = DEFAULT_SPARK_MASTER
     task: str | None = None
     rerank: RerankConfig | None = Field(None, description="the LLM reranker of the sira+rerank variant (only when "
                                                           "that variant is named)")
@@ -72,7 +67,7 @@ class RunConfig(BaseModel):
         return self
 
     def warehouse_path(self, dataset_name: str) -> str:
-        return self.warehouse or str(Path("warehouses") / dataset_name)
+        return self.warehouse or default_warehouse(dataset_name)
 
     @property
     def corpus_backend(self) -> BackendConfig:

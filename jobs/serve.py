@@ -5,15 +5,15 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from sira.pipelines.console import console
 from sira.pipelines.llm_backends import BackendConfig
-from sira.core.defaults import DEFAULT_TAU
+from sira.core.defaults import ExpansionParams
 from sira.core.program import DEFAULT_W
 
 
-class ServeConfig(BaseModel):
+class ServeConfig(ExpansionParams):
     model_config = ConfigDict(extra="forbid")
 
     warehouse: str
@@ -30,8 +30,6 @@ class ServeConfig(BaseModel):
     max_k: int = Field(1000, ge=1, le=100_000)
     max_concurrent: int = Field(32, ge=1, description="searches in flight; more are answered 429")
     backend: BackendConfig | None = Field(None, description="query-side proposer for `expand`; None: no expansion")
-    w: float | None = Field(None, ge=0, description="weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)")
-    tau: float = Field(DEFAULT_TAU, gt=0, le=1, description="query-side DF filter")
     task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
     ray_address: str | None = None
 

@@ -9,17 +9,17 @@ import itertools
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from sira.pipelines.console import console
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.tracking import Tracker, TrackingConfig
-from sira.core.defaults import DEFAULT_SHARDS, DEFAULT_SPARK_MASTER
+from sira.core.defaults import IndexBuildParams
 
 SWEEPABLE = ("tau", "w", "n")
 
 
-class SweepConfig(BaseModel):
+class SweepConfig(IndexBuildParams):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str
@@ -32,8 +32,6 @@ class SweepConfig(BaseModel):
     metric: str = "ndcg@10"
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"))
     doc_backend: BackendConfig | None = None
-    shards: int = Field(DEFAULT_SHARDS, ge=1)
-    spark_master: str = DEFAULT_SPARK_MASTER
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @field_validator("grid")

@@ -1,14 +1,51 @@
-"""The one home of the defaults that several jobs share. A job's config, the CLI and the library read them from here;
-a proposer's expansion weight is the proposer's own (sira.core.proposers), not listed here."""
+"""The one home of the parameters and defaults that several jobs share. A job's config holds the parameter groups
+below (it subclasses them instead of restating their fields), the CLI builds its shared options from the same
+descriptions, and the library reads the constants. A proposer's expansion weight is the proposer's own
+(sira.core.proposers), not listed here."""
 
 from __future__ import annotations
 
+from pydantic import BaseModel, Field
+
 # The DF filter on both sides: a phrase is kept when its rarest term occurs in at most TAU * |C| documents. The
-# corpus side (index --tau) and the query side (search/eval/serve --tau) take the same default.
+# corpus side (index) and the query side (search, eval, query, serve) take the same default.
 DEFAULT_TAU = 0.05
+TAU_HELP = ("document-frequency filter: a proposed phrase is kept only when its rarest term is in at most tau*|C| "
+            "documents (the corpus side when indexing, the query side when expanding)")
+# Weight of the expansion part of a query: None means the proposer's own default.
+W_HELP = "weight of the expansion part; None: the proposer's measured default (encoder 0.25, LLM 0.5)"
 # Document shards of an index.
 DEFAULT_SHARDS = 4
+SHARDS_HELP = "document shards of the index"
 # Spark master of the index job: every core of this machine.
 DEFAULT_SPARK_MASTER = "local[*]"
+SPARK_MASTER_HELP = "Spark master URL of the index build"
+# Hits kept per query in an evaluated run (the TREC run depth).
+DEFAULT_DEPTH = 1000
+DEPTH_HELP = "hits kept per query (the TREC run depth)"
 # The OpenAI-compatible endpoint (vLLM's default port) when --base-url is not given.
 DEFAULT_OPENAI_BASE_URL = "http://127.0.0.1:8000/v1"
+
+
+class DFFilterParams(BaseModel):
+    tau: float = Field(DEFAULT_TAU, gt=0, le=1, description=TAU_HELP)
+
+
+class ExpansionParams(DFFilterParams):
+    w: float | None = Field(None, ge=0, description=W_HELP)
+
+
+class IndexBuildParams(BaseModel):
+    shards: int = Field(DEFAULT_SHARDS, ge=1, le=4096, description=SHARDS_HELP)
+    spark_master: str = Field(DEFAULT_SPARK_MASTER, description=SPARK_MASTER_HELP)
+
+
+class EvaluationParams(ExpansionParams, IndexBuildParams):
+    """What an evaluated variant needs beyond its dataset: the index it builds and how queries are expanded."""
+
+    depth: int = Field(DEFAULT_DEPTH, ge=100, description=DEPTH_HELP)
+
+
+def default_warehouse(dataset_name: str) -> str:
+    """Where a dataset's tables go when no --warehouse is given."""
+    return f"warehouses/{dataset_name}"
