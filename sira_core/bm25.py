@@ -311,12 +311,15 @@ class ShardIndex:
         counts = np.zeros(len(queries), dtype=np.int64)
         # Unconstrained queries share one compiled call per scorer; a constrained one is scored alone under its
         # doc mask.
-        groups = [[i for i, m in enumerate(masks) if m is None and prune[i] == p] for p in (True, False)] + \
-            [[i] for i, m in enumerate(masks) if m is not None]
-        for group in filter(None, groups):
-            picked = np.concatenate([np.arange(q_ptr[i], q_ptr[i + 1]) for i in group]).astype(np.int64)
+        constrained = np.fromiter((m is not None for m in masks), dtype=bool, count=len(masks))
+        groups = [np.flatnonzero(~constrained & prune), np.flatnonzero(~constrained & ~prune)] + \
+            [np.array([i]) for i in np.flatnonzero(constrained)]
+        for group in (g for g in groups if len(g)):
+            # The group's query terms, in order: a ragged slice of the batch (numpy, not a Python loop per query).
+            lengths = q_ptr[group + 1] - q_ptr[group]
             sub_ptr = np.zeros(len(group) + 1, dtype=np.int64)
-            np.cumsum([q_ptr[i + 1] - q_ptr[i] for i in group], out=sub_ptr[1:])
+            np.cumsum(lengths, out=sub_ptr[1:])
+            picked = np.repeat(q_ptr[group] - sub_ptr[:-1], lengths) + np.arange(sub_ptr[-1], dtype=np.int64)
             mask = masks[group[0]] if masks[group[0]] is not None else np.empty(0, np.uint8)
             with self._lock:  # the kernels share this shard's work arrays
                 work = self._work_arrays()
