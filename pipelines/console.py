@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-console = Console(stderr=True)
+console = Console(stderr=True, log_path=False)  # a log line says what happened, not which source line said it
 
 # How often a progress line is printed where no bar can be drawn (a log file, a CI job, `make run > log`).
 PROGRESS_INTERVAL_S = 15.0
