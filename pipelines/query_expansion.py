@@ -66,6 +66,7 @@ def expand_queries(
     by_hash = {query_hash(text): text for text in queries.values()}
     todo = sorted(h for h in by_hash if h not in cached)
     counters = {"expanded": 0, "errors": 0, "cached": len(by_hash) - len(todo), "input_tokens": 0, "output_tokens": 0}
+    on_progress(sum(query_hash(text) in cached for text in queries.values()))  # answered already: counted as done
     if todo:
         vocabulary = analyzer_json = None
         if backend.backend == "encoder":
