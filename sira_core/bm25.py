@@ -15,29 +15,33 @@ upper bounds are exact integers: pruning needs no float slack to be safe. A scor
 Top-k uses a total order, (score desc, doc ordinal asc). Doc ordinals follow doc-id order inside a shard, so
 merging per-shard top-k by (score desc, doc id asc) equals the single-shard result exactly.
 
-Pruning (`top_k_many`): MaxScore, term at a time. A term's upper bound is its weight times its largest impact
-(`term_max`, stored with the shard). Terms are taken by bound, largest first. Phase A scores them in full
-into a per-shard accumulator while the bounds of the terms left add up to at least the floor, the score a
-hit needs: past that point a document none of the phase-A terms holds cannot reach the top k. Phase B merges
-each remaining term into the candidates (documents phase A touched that can still reach the floor), in
-ordinal order, stepping over blocks of postings no candidate falls in, and drops after each term the
-candidates the terms left cannot lift to the floor. The floor comes from another shard's k-th best (passed
-in: the searcher scores its shards in turn), from the exact scores of the k most promising documents once
-the first terms are in (k <= SEED_K), or from the k-th best partial score of recently touched documents
-(partial scores only grow). Must / exclude terms and skipped documents are a doc mask, an exact filter
-applied before any document counts towards the floor.
+Pruning (`top_k_many`): MaxScore, term at a time, over ranges of doc ordinals. A hit needs at least the floor:
+another shard's k-th best (passed in: the searcher scores its shards in turn), or, without one, the k-th best
+of the ranges already scored (a first range of 1/FIRST_RANGE_PARTS of the docs, then ranges four times as
+large). In a range, a term's bound is its weight times its largest impact (`term_max`, stored with the
+shard); terms go by bound, and the smallest ones whose bounds add up to less than the floor are
+non-essential: a doc none of the others holds cannot reach the floor. The essential terms are scored in
+full into the accumulator; the docs they reach whose partial score plus the non-essential bounds can reach
+the floor are the candidates, and the k-th best partial score raises the floor (partial scores only grow).
+Each non-essential term, largest bound first, then adds to the candidates only (a galloping merge in
+ordinal order when they are few for its list, else a scan), and the candidates the terms left cannot lift
+to the floor are dropped. Must / exclude terms and skipped documents are a doc mask, an exact filter applied
+before any document counts towards the floor.
 
-Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound and k is small. Measured
-on 1M synthetic documents (bench/results/searcher_scale_1m.json): plain queries (17 terms) at k=10 run 1.09x
-as fast pruned as exhaustive; queries with 30-60 pseudo-relevance-feedback expansion terms of similar bounds,
-or k in the hundreds, 0.3-0.8x, because no early switch to phase B is possible and the candidates are too
-dense to step over postings. On a small shard pruning costs more than it saves: its fixed work per query
-(ordering the terms, seeding the floor) outweighs scoring a few thousand postings, and on scifact (5,183
-documents, a median of about 4,000 postings per query) the pruned scorer ran several times slower than the exhaustive
-one (bench/query_speed.py). So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with
-k <= SEED_K whose terms hold at least PRUNE_MIN_POSTINGS postings in the shard, and scores the others
-exhaustively; "pruned" and "exhaustive" force one (the tests compare them). Both use the floors of other
-shards when selecting.
+Selection: the exhaustive scorer gathers hits above a threshold that rises as it goes; for k >=
+HISTOGRAM_K it first guesses the threshold from every SAMPLE_STRIDE-th doc (kept when at least k hits pass
+it, so none of the k best is lost), and drops hits below the histogram bucket of the k-th best before the
+final partial sort, because the gathering costs more than the scoring at k = 1000.
+
+Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound, k is small and a
+floor comes early. On 1M synthetic documents (bench/results/searcher_scale_1m.json) plain queries (17
+terms) at k=10 run faster pruned than exhaustive; queries with 30-60 pseudo-relevance-feedback expansion
+terms of similar bounds, or k in the hundreds, run slower: about a quarter of their postings are essential,
+and handling the candidates costs several times as much per doc as scoring a posting. On a small shard the
+fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). So "auto" prunes
+queries of at most PRUNE_MAX_TERMS terms with k <= PRUNE_MAX_K whose terms hold at least PRUNE_MIN_POSTINGS
+postings in the shard, and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests
+compare them). Both use the floors of other shards when selecting.
 """
 
 from __future__ import annotations
@@ -56,11 +60,15 @@ IMPACT_DTYPE = np.float32  # impacts and query weights
 FIXED_POINT_BITS = 32
 _FIXED_SCALE = float(2**FIXED_POINT_BITS)
 MAX_SCORE = float(2 ** (53 - FIXED_POINT_BITS))  # int64 sums below 2^53 are exact in float64
-SKIP_BLOCK = 128  # postings a phase-B merge steps over at once when no candidate falls among them
-SEED_K = 64  # up to this k, the pruned scorer scores its k most promising docs exactly to set its floor
-PRUNE_MAX_TERMS = 32  # "auto" prunes queries with at most this many terms (and k <= SEED_K); see above
-PRUNE_MIN_POSTINGS = 32_768  # ... and at least this many postings in the shard; see above
-MERGE_RATIO = 8  # phase B merges a term into the candidates when its list is this many times longer, else scans
+FIRST_RANGE_PARTS = 16  # without another shard's floor, the pruned scorer first scores this part of the docs
+FIRST_RANGE_MIN = 4096  # ... but at least this many
+HISTOGRAM_K = 128  # from this k, the selection first drops hits below the k-th best's histogram bucket, and the
+# exhaustive scorer guesses its threshold from every SAMPLE_STRIDE-th doc
+SAMPLE_STRIDE = 16
+PRUNE_MAX_TERMS = 32  # "auto" prunes queries with at most this many terms, ...
+PRUNE_MAX_K = 64  # ... k up to this, ...
+PRUNE_MIN_POSTINGS = 65_536  # ... and at least this many postings in the shard; see above
+MERGE_RATIO = 8  # a non-essential term is merged into the candidates when its list is this many times longer
 
 
 def idf(num_docs: int, df: np.ndarray) -> np.ndarray:
@@ -303,7 +311,7 @@ class ShardIndex:
         if scorer == "auto":
             postings = np.bincount(query_of_term[keep], weights=self.indptr[rows + 1] - self.indptr[rows],
                                    minlength=len(queries))
-            prune = (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= SEED_K) & (postings >= PRUNE_MIN_POSTINGS)
+            prune = (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= PRUNE_MAX_K) & (postings >= PRUNE_MIN_POSTINGS)
         else:
             prune = np.full(len(queries), scorer == "pruned")
         ords = np.zeros((len(queries), k), dtype=np.int32)
@@ -324,24 +332,26 @@ class ShardIndex:
             with self._lock:  # the kernels share this shard's work arrays
                 work = self._work_arrays()
                 if not prune[group[0]]:
-                    acc, _, values, spare, touched, _, hit_ords, spare_o, _ = work
+                    acc, values, spare, touched, _, hit_ords, spare_o, _ = work
                     out = _exhaustive_top_k(self.indptr, self.doc_ords, self.impacts, sub_ptr, rows[picked],
                                             weight_scale[picked], fixed_floors[group], k, self.num_docs, mask,
                                             acc, values, spare, touched, hit_ords, spare_o)
                 else:
+                    acc, values, spare, touched, cand, hit_ords, spare_o, marks = work
                     out = _pruned_top_k(self.indptr, self.doc_ords, self.impacts, self.term_max, self.num_docs,
                                         sub_ptr, rows[picked], weight_scale[picked], fixed_floors[group], k, mask,
-                                        SKIP_BLOCK, SEED_K, MERGE_RATIO, *work)
+                                        max(self.num_docs // FIRST_RANGE_PARTS, FIRST_RANGE_MIN), MERGE_RATIO,
+                                        acc, values, spare, touched, cand, hit_ords, spare_o, marks)
             ords[group], fixed[group], counts[group] = out
         return ords, fixed * (1.0 / _FIXED_SCALE), counts
 
     def _work_arrays(self) -> tuple[np.ndarray, ...]:
         """Per-doc arrays the kernels reuse from query to query instead of allocating and zeroing them each
-        time: acc, gains (left zeroed), values, spare (int64); touched, cand, cand_ords, spare_o (int32);
-        marks (a bitmap, left zeroed). Made on first use: a shard that is only loaded costs nothing."""
+        time: acc (left zeroed), values, spare (int64); touched, cand, hit_ords, spare_o (int32); marks (a
+        bitmap, left zeroed). Made on first use: a shard that is only loaded costs nothing."""
         if self._work is None:
             n = self.num_docs
-            self._work = (np.zeros(n, np.int64), np.zeros(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+            self._work = (np.zeros(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
                           np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32),
                           np.zeros(n // 64 + 1, np.uint64))
         return self._work
@@ -423,11 +433,48 @@ def _fixed(impact, weight_scale):
 
 
 @numba.njit(cache=True, nogil=True)
+def _drop_below_histogram_bucket(buf_s, buf_o, m, k):
+    """Drop from buf[:m] the hits below the histogram bucket that holds the k-th best score, keeping at least k
+    (and every hit that ties with or beats the k-th best): two passes over buf, where np.partition (what
+    _keep_best finishes with) costs several times as much per value. Returns how many are kept."""
+    lo = buf_s[0]
+    hi = buf_s[0]
+    for i in range(1, m):
+        lo = min(lo, buf_s[i])
+        hi = max(hi, buf_s[i])
+    if lo == hi:
+        return m
+    n_buckets = 1024
+    scale = (n_buckets - 1) / np.float64(hi - lo)  # a monotone bucket of each score: equal scores share one
+    hist = np.zeros(n_buckets, dtype=np.int64)
+    for i in range(m):
+        hist[np.int64((buf_s[i] - lo) * scale)] += 1
+    above = 0
+    b = n_buckets - 1
+    while b > 0:
+        above += hist[b]
+        if above >= k:
+            break
+        b -= 1
+    kept = 0
+    for i in range(m):
+        if np.int64((buf_s[i] - lo) * scale) >= b:
+            buf_s[kept] = buf_s[i]
+            buf_o[kept] = buf_o[i]
+            kept += 1
+    return kept
+
+
+@numba.njit(cache=True, nogil=True)
 def _keep_best(buf_s, buf_o, m, k, scratch_s, scratch_o):
     """Keep the k best of the m hits in buf[:m] (score desc, ordinal asc; given in any order) in buf[:k].
     Returns how many are kept; when that is k, buf_s[:k].min() is the k-th best score."""
     if m <= k:
         return m
+    if k >= HISTOGRAM_K and m > 2 * k:
+        m = _drop_below_histogram_bucket(buf_s, buf_o, m, k)
+        if m <= k:
+            return m
     scratch_s[:m] = buf_s[:m]
     kth = np.partition(scratch_s[:m], m - k)[m - k]
     above = 0
@@ -457,14 +504,41 @@ def _write_best(buf_s, buf_o, m, k, scratch_s, scratch_o, out_s, out_o):
     for i in range(n):
         out_s[i] = buf_s[by_score[i]]
         out_o[i] = buf_o[by_score[i]]
-    # Equal scores come out of the sort in any order: each run of them is put in ordinal order.
-    start = 0
-    for i in range(1, n + 1):
-        if i == n or out_s[i] != out_s[start]:
-            if i - start > 1:
-                out_o[start:i].sort()
-            start = i
+    # Equal scores come out of the sort in any order: each run of them is put in ordinal order, by an insertion
+    # sort over the whole output (a sort call per run costs more than the sort by score).
+    for i in range(1, n):
+        o = out_o[i]
+        j = i
+        while j > 0 and out_s[j - 1] == out_s[i] and out_o[j - 1] > o:
+            out_o[j] = out_o[j - 1]
+            j -= 1
+        out_o[j] = o
     return n
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_from_sample(acc, n_docs, k, theta, filtered, allowed, values, hit_ords, spare):
+    """Hits of acc[:n_docs] above a guessed threshold into values / hit_ords, acc untouched: the threshold is
+    the score about 2k / SAMPLE_STRIDE of every SAMPLE_STRIDE-th doc beat, so about 2k docs pass. Returns how
+    many passed (0 when the sample is too thin to guess)."""
+    rank = 2 * k // SAMPLE_STRIDE
+    ns = 0
+    for d in range(0, n_docs, SAMPLE_STRIDE):
+        s = acc[d]
+        if s > theta and (not filtered or allowed[d] != 0):
+            spare[ns] = s
+            ns += 1
+    if rank < 1 or ns < rank:
+        return 0
+    guess = max(_kth_largest(spare, np.arange(ns), ns, rank, values) - 1, theta)
+    m = 0
+    for d in range(n_docs):
+        s = acc[d]
+        if s > guess and (not filtered or allowed[d] != 0):
+            values[m] = s
+            hit_ords[m] = d
+            m += 1
+    return m
 
 
 @numba.njit(cache=True, nogil=True)
@@ -475,7 +549,7 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
     out_ords = np.zeros((n_queries, k), dtype=np.int32)
     out_fixed = np.zeros((n_queries, k), dtype=np.int64)
     counts = np.zeros(n_queries, dtype=np.int64)
-    cap = min(2 * k + 64, n_docs)  # hits the ordinal-order scan gathers before only the k best are kept
+    cap = min(8 * k + 64, n_docs)  # hits the ordinal-order scan gathers before only the k best are kept
     for q in range(n_queries):
         n_postings = 0
         for i in range(q_ptr[q], q_ptr[q + 1]):
@@ -511,6 +585,16 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
                 for j in range(indptr[r], indptr[r + 1]):
                     acc[doc_ords[j]] += _fixed(impacts[j], w)
             theta = max(floors[q] - 1, np.int64(0))  # a hit needs more than theta
+            if k >= HISTOGRAM_K:
+                # A large k gathers many hits before theta rises. Guess a theta that about 2k hits pass from
+                # every SAMPLE_STRIDE-th doc, gather at it without resetting acc, and keep the result if at
+                # least k passed (then the k best all did); else gather again from the true theta.
+                m = _gather_from_sample(acc, n_docs, k, theta, filtered, allowed, values, hit_ords, spare)
+                if m >= k:
+                    acc[:] = 0
+                    counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
+                    continue
+                m = 0
             for d in range(n_docs):
                 s = acc[d]
                 acc[d] = 0
@@ -557,13 +641,14 @@ _DEBRUIJN_INDEX = np.array([0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _in_ordinal_order(docs, n, marks, out):
-    """docs[:n] (distinct ordinals) sorted into out, through a bitmap over the shard: O(n + n_docs / 64)."""
+def _in_ordinal_order(docs, n, marks, w_lo, w_hi, out):
+    """docs[:n] (distinct ordinals, all in words [w_lo, w_hi) of the bitmap) sorted into out, through the
+    bitmap: O(n + (w_hi - w_lo)), far cheaper than a sort."""
     for i in range(n):
         d = docs[i]
         marks[d >> 6] |= np.uint64(1) << np.uint64(d & 63)
     m = 0
-    for wi in range(marks.size):
+    for wi in range(w_lo, w_hi):
         word = marks[wi]
         if word == 0:
             continue
@@ -576,163 +661,199 @@ def _in_ordinal_order(docs, n, marks, out):
     return m
 
 
+
 @numba.njit(cache=True, nogil=True)
-def _merge_gains(doc_ords, impacts, p, hi, w, docs, nd, gains, block):
-    """gains[c] += the contribution of postings [p, hi) (one term, weight scale w) to docs[c], for docs[:nd]
-    in ordinal order: one walk, stepping over the blocks of `block` postings that end before the next doc."""
-    c = 0
-    while c < nd and p < hi:
-        d = docs[c]
-        if doc_ords[p] < d:
-            end = min((p // block + 1) * block, hi)
-            while end < hi and doc_ords[end - 1] < d:
-                p = end
-                end = min(end + block, hi)
-            p = _gallop(doc_ords, p, end, d)
-            if p >= hi:
+def _kth_largest(acc, docs, n, k, heap):
+    """The k-th largest of acc[docs[:n]] (n >= k), through a min-heap of k values: most values lose to its root
+    at one comparison, so this costs about n comparisons for a small k (np.partition copies and shuffles)."""
+    for i in range(k):
+        heap[i] = acc[docs[i]]
+    heap[:k].sort()  # a sorted array is a min-heap
+    for i in range(k, n):
+        v = acc[docs[i]]
+        if v <= heap[0]:
+            continue
+        # Replace the root, sift down.
+        j = 0
+        while True:
+            c = 2 * j + 1
+            if c >= k:
                 break
-        if doc_ords[p] == d:
-            gains[c] += _fixed(impacts[p], w)
-            p += 1
-        c += 1
+            if c + 1 < k and heap[c + 1] < heap[c]:
+                c += 1
+            if heap[c] >= v:
+                break
+            heap[j] = heap[c]
+            j = c
+        heap[j] = v
+    return heap[0]
 
 
 @numba.njit(cache=True, nogil=True)
-def _estimate_floor(doc_ords, impacts, indptr, rows, weight_scale, order, done, n, acc, touched, n_touched,
-                    allowed, k, seed_k, block, values, docs, gains):
-    """A score k allowed docs are known to reach: the k-th best partial score (partial scores only grow);
-    for k <= seed_k, the k-th of those docs' exact scores (terms order[done:n] merged in), much closer to the
-    final k-th best. 0 when fewer than k allowed docs are touched."""
+def _range_candidates(indptr, doc_ords, impacts, term_max, rows, weight_scale, t0, n, d_lo, d_hi, n_docs, floor, k,
+                      allowed, merge_ratio, lo_of, hi_of, bound, order, pre, acc, touched, cand, spare, marks):
+    """MaxScore over the docs of ordinals [d_lo, d_hi) for one query (its terms rows[t0:t0 + n]). Returns (nc,
+    floor, n_touched, dense): cand[:nc] holds every doc of the range that may score at least the returned
+    (raised) floor, each with its exact score in acc; the caller resets acc, over touched[:n_touched] or,
+    when dense, over the whole range."""
     filtered = allowed.size > 0
+    # Each term's postings in the range, and its bound; terms by bound ascending (insertion sort: tens of terms).
     m = 0
-    for t in range(n_touched):
-        d = touched[t]
-        if not filtered or allowed[d] != 0:
-            values[m] = acc[d]
-            m += 1
-    if m < k:
-        return np.int64(0)
-    kth = np.partition(values[:m], m - k)[m - k]
-    if k > seed_k:
-        return kth
-    nd = 0
-    for t in range(n_touched):
-        d = touched[t]
-        if nd < k and acc[d] >= kth and (not filtered or allowed[d] != 0):
-            docs[nd] = d
-            nd += 1
-    docs[:nd].sort()
-    for e in range(done, n):
-        _merge_gains(doc_ords, impacts, indptr[rows[order[e]]], indptr[rows[order[e]] + 1], weight_scale[order[e]],
-                     docs, nd, gains, block)
-    lowest = np.int64(2**62)
-    for c in range(nd):
-        lowest = min(lowest, acc[docs[c]] + gains[c])
-        gains[c] = 0
-    return lowest
+    for e in range(n):
+        i = t0 + e
+        lo, hi = indptr[rows[i]], indptr[rows[i] + 1]
+        if d_lo > 0:
+            lo = lo + np.searchsorted(doc_ords[lo:hi], d_lo)
+        if d_hi < n_docs and hi > lo:
+            hi = lo + np.searchsorted(doc_ords[lo:hi], d_hi)
+        if hi <= lo:
+            continue
+        b = _fixed(term_max[rows[i]], weight_scale[i])
+        j = m
+        while j > 0 and bound[j - 1] > b:
+            bound[j] = bound[j - 1]
+            order[j] = order[j - 1]
+            lo_of[j] = lo_of[j - 1]
+            hi_of[j] = hi_of[j - 1]
+            j -= 1
+        bound[j] = b
+        order[j] = i
+        lo_of[j] = lo
+        hi_of[j] = hi
+        m += 1
+    pre[0] = 0
+    for e in range(m):
+        pre[e + 1] = pre[e] + bound[e]
+    # Terms [0, ne) are non-essential: together they cannot lift a doc none of the others holds to the floor.
+    ne = 0
+    while ne < m and pre[ne + 1] < floor:
+        ne += 1
+    essential_postings = 0
+    for e in range(ne, m):
+        essential_postings += hi_of[e] - lo_of[e]
+    dense = essential_postings * 4 >= d_hi - d_lo
+    n_touched = 0
+    for e in range(ne, m):
+        w = weight_scale[order[e]]
+        if dense:
+            for j in range(lo_of[e], hi_of[e]):
+                acc[doc_ords[j]] += _fixed(impacts[j], w)
+        else:
+            for j in range(lo_of[e], hi_of[e]):
+                d = doc_ords[j]
+                if acc[d] == 0:
+                    touched[n_touched] = d
+                    n_touched += 1
+                acc[d] += _fixed(impacts[j], w)
+    # Candidates: docs the essential terms reach that the others may lift to the floor (dense: in ordinal order).
+    nc = 0
+    need = floor - pre[ne]
+    if dense:
+        for d in range(d_lo, d_hi):
+            s = acc[d]
+            if s >= need and (not filtered or allowed[d] != 0):
+                cand[nc] = d
+                nc += 1
+    else:
+        for t in range(n_touched):
+            d = touched[t]
+            if acc[d] >= need and (not filtered or allowed[d] != 0):
+                cand[nc] = d
+                nc += 1
+    # Partial scores only grow: the k-th best of them is a floor too, and a higher floor drops candidates now.
+    if nc > k:
+        raised = _kth_largest(acc, cand, nc, k, spare)
+        if raised > floor:
+            floor = raised
+            need = floor - pre[ne]
+            kept = 0
+            for c in range(nc):
+                d = cand[c]
+                if acc[d] >= need:
+                    cand[kept] = d
+                    kept += 1
+            nc = kept
+    if not dense:
+        nc = _in_ordinal_order(cand, nc, marks, d_lo >> 6, ((d_hi - 1) >> 6) + 1, cand)
+    # Each non-essential term, largest bound first, adds to the candidates (a galloping merge when they are few
+    # for its list, else a scan where only touched docs take contributions); then the candidates the terms
+    # left cannot lift to the floor are dropped.
+    for e in range(ne - 1, -1, -1):
+        if nc == 0:
+            break
+        w = weight_scale[order[e]]
+        lo, hi = lo_of[e], hi_of[e]
+        if hi - lo > merge_ratio * nc:
+            p = lo
+            for c in range(nc):
+                d = cand[c]
+                p = _gallop(doc_ords, p, hi, d)
+                if p >= hi:
+                    break
+                if doc_ords[p] == d:
+                    acc[d] += _fixed(impacts[p], w)
+                    p += 1
+        else:
+            for j in range(lo, hi):
+                d = doc_ords[j]
+                if acc[d] != 0:
+                    acc[d] += _fixed(impacts[j], w)
+        kept = 0
+        for c in range(nc):
+            d = cand[c]
+            if acc[d] + pre[e] >= floor:
+                cand[kept] = d
+                kept += 1
+        nc = kept
+    return nc, floor, n_touched, dense
 
 
 @numba.njit(cache=True, nogil=True)
 def _pruned_top_k(indptr, doc_ords, impacts, term_max, n_docs, q_ptr, rows, weight_scale, floors, k, allowed,
-                  block, seed_k, merge_ratio, acc, gains, values, spare, touched, cand, cand_ords, spare_o, marks):
+                  first_range, merge_ratio, acc, values, spare, touched, cand, hit_ords, spare_o, marks):
     n_queries = q_ptr.size - 1
-    filtered = allowed.size > 0  # a 0/1 mask over doc ordinals (constraints); empty: every doc may rank
     out_ords = np.zeros((n_queries, k), dtype=np.int32)
     out_fixed = np.zeros((n_queries, k), dtype=np.int64)
     counts = np.zeros(n_queries, dtype=np.int64)
     width = 1
     for q in range(n_queries):
         width = max(width, q_ptr[q + 1] - q_ptr[q])
-    bound = np.empty(width, dtype=np.int64)  # per term: weight x its largest impact
-    order = np.empty(width, dtype=np.int64)  # term indexes (into rows), by bound descending
-    rest = np.empty(width + 1, dtype=np.int64)  # rest[i]: sum of the bounds of order[i:]
+    lo_of = np.empty(width, dtype=np.int64)
+    hi_of = np.empty(width, dtype=np.int64)
+    bound = np.empty(width, dtype=np.int64)
+    order = np.empty(width, dtype=np.int64)
+    pre = np.empty(width + 1, dtype=np.int64)
     for q in range(n_queries):
         t0 = q_ptr[q]
         n = q_ptr[q + 1] - t0
-        if n == 0:
-            continue
-        for e in range(n):
-            i = t0 + e
-            bound[e] = _fixed(term_max[rows[i]], weight_scale[i])
-            j = e  # insertion sort, bound descending (a query has tens of terms)
-            while j > 0 and bound[order[j - 1] - t0] < bound[e]:
-                order[j] = order[j - 1]
-                j -= 1
-            order[j] = i
-        rest[n] = 0
-        for e in range(n - 1, -1, -1):
-            rest[e] = rest[e + 1] + bound[order[e] - t0]
-        # A hit must score at least `floor`: another shard already holds k hits that good (ties may still win
-        # on doc id), or k docs of this one are known to score that much.
+        # A hit must score at least the floor: another shard holds k hits that good (a tie may still win on
+        # doc id). Without one, a first range of docs is scored to set it, and each range raises it.
         floor = max(floors[q], np.int64(1))
-        # Phase A: terms in full, while a doc none of them holds could still reach the floor.
-        n_touched = 0
-        done = 0
-        processed = np.int64(0)
-        estimated_at = np.int64(-1)
-        while done < n and rest[done] >= floor:
-            i = order[done]
-            lo, hi = indptr[rows[i]], indptr[rows[i] + 1]
-            # Before a list longer than what is touched so far, raise the floor (cost O(touched), so at most
-            # the cost of the list it may save; and at most O(log) times per query).
-            if n_touched >= k and hi - lo >= n_touched and processed > 2 * estimated_at:
-                estimated_at = processed
-                floor = max(floor, _estimate_floor(doc_ords, impacts, indptr, rows, weight_scale, order, done, n,
-                                                   acc, touched, n_touched, allowed, k, seed_k, block, values,
-                                                   cand, gains))
-                if rest[done] < floor:
-                    break
-            w = weight_scale[i]
-            for j in range(lo, hi):
-                d = doc_ords[j]
-                if acc[d] == 0:
-                    touched[n_touched] = d
-                    n_touched += 1
-                acc[d] += _fixed(impacts[j], w)
-            processed += hi - lo
-            done += 1
-        # Candidates: touched docs that may still reach the floor.
-        nc = 0
-        for t in range(n_touched):
-            d = touched[t]
-            if acc[d] + rest[done] >= floor and (not filtered or allowed[d] != 0):
-                cand[nc] = d
-                nc += 1
-        # Phase B: each remaining term adds to the candidates: by a merge in ordinal order that steps over blocks
-        # of postings no candidate falls in when the candidates are few for the list, else by one scan of the
-        # list (only docs phase A touched take contributions; the dead among them are harmless). Then the
-        # candidates the terms left cannot lift to the floor are dropped.
-        in_order = False
-        for step in range(done, n):
-            i = order[step]
-            w = weight_scale[i]
-            lo, hi = indptr[rows[i]], indptr[rows[i] + 1]
-            if hi - lo > merge_ratio * nc:
-                if not in_order:
-                    nc = _in_ordinal_order(cand, nc, marks, cand)
-                    in_order = True
-                _merge_gains(doc_ords, impacts, lo, hi, w, cand, nc, gains, block)
-                for c in range(nc):
-                    acc[cand[c]] += gains[c]
-                    gains[c] = 0
-            else:
-                for j in range(lo, hi):
-                    d = doc_ords[j]
-                    if acc[d] != 0:
-                        acc[d] += _fixed(impacts[j], w)
-            kept = 0
+        d_lo = 0
+        d_hi = n_docs if floors[q] > 0 else min(n_docs, max(first_range, 1))
+        m = 0
+        while d_lo < n_docs:
+            nc, floor, n_touched, dense = _range_candidates(
+                indptr, doc_ords, impacts, term_max, rows, weight_scale, t0, n, d_lo, d_hi, n_docs, floor, k,
+                allowed, merge_ratio, lo_of, hi_of, bound, order, pre, acc, touched, cand, spare, marks)
             for c in range(nc):
                 d = cand[c]
-                if acc[d] + rest[step + 1] >= floor:
-                    cand[kept] = d
-                    kept += 1
-            nc = kept
-        for c in range(nc):
-            values[c] = acc[cand[c]]
-            cand_ords[c] = cand[c]
-        counts[q] = _write_best(values, cand_ords, nc, k, spare, spare_o, out_fixed[q], out_ords[q])
-        for t in range(n_touched):
-            acc[touched[t]] = 0
+                if acc[d] >= floor:
+                    values[m] = acc[d]
+                    hit_ords[m] = d
+                    m += 1
+            if dense:
+                acc[d_lo:d_hi] = 0
+            else:
+                for t in range(n_touched):
+                    acc[touched[t]] = 0
+            if m > k:
+                m = _keep_best(values, hit_ords, m, k, spare, spare_o)
+            if m == k:
+                floor = max(floor, values[:m].min())
+            d_lo = d_hi
+            d_hi = min(n_docs, d_hi * 4)
+        counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
     return out_ords, out_fixed, counts
 
 

@@ -15,9 +15,9 @@ from sira.core.search import QueryPart, merge_ranked
 PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stemmer="none", max_n=1),
                     bm25=BM25Params(k1=1.2, b=0.75))
 
-# Production settings, and blocks of 2 postings (every merge skips) with no exactly scored seed documents
-# (every floor comes from partial scores).
-SETTINGS = [(bm25.SKIP_BLOCK, bm25.SEED_K), (2, 0)]
+# Production settings, and a first range of a few docs (many ranges, each raising the floor) with merges
+# whenever a list is longer than the candidates (galloping, not scanning).
+SETTINGS = [(bm25.FIRST_RANGE_MIN, bm25.MERGE_RATIO), (7, 1)]
 
 
 def synthetic_shard(n_docs: int, vocab: int, kind: str, seed: int) -> ShardIndex:
@@ -73,14 +73,15 @@ def reference_top_k(shard: ShardIndex, query: WeightedQuery, k: int, must=(), ex
     return top.astype(np.int32), acc[top] * 2.0**-bm25.FIXED_POINT_BITS
 
 
-@pytest.mark.parametrize("block, seed_k", SETTINGS)
+@pytest.mark.parametrize("first_range, merge_ratio", SETTINGS)
 @pytest.mark.parametrize("kind", ["zipf", "uniform", "flat"])
-def test_pruned_equals_exhaustive_and_reference(monkeypatch, block, seed_k, kind):
-    monkeypatch.setattr(bm25, "SKIP_BLOCK", block)
-    monkeypatch.setattr(bm25, "SEED_K", seed_k)
+def test_pruned_equals_exhaustive_and_reference(monkeypatch, first_range, merge_ratio, kind):
+    monkeypatch.setattr(bm25, "FIRST_RANGE_MIN", first_range)
+    monkeypatch.setattr(bm25, "FIRST_RANGE_PARTS", 10**9 if first_range < 100 else bm25.FIRST_RANGE_PARTS)
+    monkeypatch.setattr(bm25, "MERGE_RATIO", merge_ratio)
     vocab = 300
-    shard = synthetic_shard(6000, vocab, kind, seed=block)
-    rng = np.random.default_rng(seed_k)
+    shard = synthetic_shard(6000, vocab, kind, seed=first_range)
+    rng = np.random.default_rng(merge_ratio)
     queries = [random_query(rng, vocab, kind != "uniform") for _ in range(40)]
     for k in (1, 10, 100, 1000):
         pruned = shard.top_k_many(queries, k, scorer="pruned")
@@ -92,10 +93,11 @@ def test_pruned_equals_exhaustive_and_reference(monkeypatch, block, seed_k, kind
                 assert scores[i, : counts[i]].tolist() == ref_scores.tolist(), (k, i)
 
 
-@pytest.mark.parametrize("block, seed_k", SETTINGS)
-def test_must_exclude_and_skipped_docs_are_exact_filters(monkeypatch, block, seed_k):
-    monkeypatch.setattr(bm25, "SKIP_BLOCK", block)
-    monkeypatch.setattr(bm25, "SEED_K", seed_k)
+@pytest.mark.parametrize("first_range, merge_ratio", SETTINGS)
+def test_must_exclude_and_skipped_docs_are_exact_filters(monkeypatch, first_range, merge_ratio):
+    monkeypatch.setattr(bm25, "FIRST_RANGE_MIN", first_range)
+    monkeypatch.setattr(bm25, "FIRST_RANGE_PARTS", 10**9 if first_range < 100 else bm25.FIRST_RANGE_PARTS)
+    monkeypatch.setattr(bm25, "MERGE_RATIO", merge_ratio)
     vocab = 200
     shard = synthetic_shard(5000, vocab, "zipf", seed=3)
     rng = np.random.default_rng(4)
@@ -133,7 +135,7 @@ def zipf_text_corpus(n_docs: int, vocab: int, seed: int, duplicates: int = 0):
 
 @pytest.mark.parametrize("num_shards", [1, 3, 8])
 def test_sharded_pruned_search_equals_one_exhaustive_shard(monkeypatch, num_shards):
-    monkeypatch.setattr(bm25, "SKIP_BLOCK", 4)
+    monkeypatch.setattr(bm25, "FIRST_RANGE_MIN", 50)
     docs = zipf_text_corpus(3000, 150, seed=num_shards, duplicates=40)
     one = build_searcher(docs, PLAIN, num_shards=1)
     many = build_searcher(docs, PLAIN, num_shards=num_shards)
@@ -203,3 +205,21 @@ def test_doc_ids_out_of_order_are_refused():
     with pytest.raises(ValueError, match="sorted"):
         ShardIndex(0, ["b", "a"], np.ones(2), np.array([1]), np.array([0, 2]), np.array([0, 1]),
                    np.ones(2, dtype=np.float32))
+
+
+def test_a_large_k_whose_sampled_threshold_lets_too_few_hits_through_gathers_again():
+    # Every 16th doc (the ones the exhaustive scorer samples to guess its threshold at a large k) holds a term of
+    # high, varied impacts; the others only a common term of low impact. The guess lets about 2k / 16 of the
+    # sampled docs through, fewer than k, so the scorer must gather again from the true threshold.
+    n_docs, k = 4096, bm25.HISTOGRAM_K
+    rng = np.random.default_rng(5)
+    rare = np.arange(0, n_docs, bm25.SAMPLE_STRIDE)
+    ords = np.concatenate([np.arange(n_docs), rare]).astype(np.int32)
+    impacts = np.concatenate([rng.uniform(0.1, 0.2, n_docs), rng.uniform(5, 9, len(rare))]).astype(np.float32)
+    shard = ShardIndex(0, [f"d{i:05d}" for i in range(n_docs)], np.ones(n_docs), np.array([1, 2]),
+                       np.array([0, n_docs, len(ords)]), ords, impacts)
+    query = WeightedQuery(("common", "rare"), np.array([1, 2]), np.ones(2, dtype=np.float32))
+    ref_ords, ref_scores = reference_top_k(shard, query, k)
+    for scorer in ("exhaustive", "pruned"):
+        ords_, scores = shard.top_k(query, k, scorer=scorer)
+        assert ords_.tolist() == ref_ords.tolist() and scores.tolist() == ref_scores.tolist()
