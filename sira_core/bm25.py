@@ -62,9 +62,8 @@ _FIXED_SCALE = float(2**FIXED_POINT_BITS)
 MAX_SCORE = float(2 ** (53 - FIXED_POINT_BITS))  # int64 sums below 2^53 are exact in float64
 FIRST_RANGE_PARTS = 16  # without another shard's floor, the pruned scorer first scores this part of the docs
 FIRST_RANGE_MIN = 4096  # ... but at least this many
-HISTOGRAM_K = 128  # from this k, the selection first drops hits below the k-th best's histogram bucket, and the
-# exhaustive scorer guesses its threshold from every SAMPLE_STRIDE-th doc
-SAMPLE_STRIDE = 16
+HISTOGRAM_K = 128  # from this k, selection cuts by a histogram and guesses its threshold from a sample
+SAMPLE_STRIDE = 16  # ... of every SAMPLE_STRIDE-th doc
 PRUNE_MAX_TERMS = 32  # "auto" prunes queries with at most this many terms, ...
 PRUNE_MAX_K = 64  # ... k up to this, ...
 PRUNE_MIN_POSTINGS = 65_536  # ... and at least this many postings in the shard; see above
@@ -517,20 +516,19 @@ def _write_best(buf_s, buf_o, m, k, scratch_s, scratch_o, out_s, out_o):
 
 
 @numba.njit(cache=True, nogil=True)
-def _gather_from_sample(acc, n_docs, k, theta, filtered, allowed, values, hit_ords, spare):
+def _gather_from_sample(acc, n_docs, k, theta, filtered, allowed, values, hit_ords):
     """Hits of acc[:n_docs] above a guessed threshold into values / hit_ords, acc untouched: the threshold is
     the score about 2k / SAMPLE_STRIDE of every SAMPLE_STRIDE-th doc beat, so about 2k docs pass. Returns how
     many passed (0 when the sample is too thin to guess)."""
     rank = 2 * k // SAMPLE_STRIDE
     ns = 0
     for d in range(0, n_docs, SAMPLE_STRIDE):
-        s = acc[d]
-        if s > theta and (not filtered or allowed[d] != 0):
-            spare[ns] = s
+        if acc[d] > theta and (not filtered or allowed[d] != 0):
+            hit_ords[ns] = d
             ns += 1
     if rank < 1 or ns < rank:
         return 0
-    guess = max(_kth_largest(spare, np.arange(ns), ns, rank, values) - 1, theta)
+    guess = max(_kth_largest(acc, hit_ords, ns, rank, values) - 1, theta)
     m = 0
     for d in range(n_docs):
         s = acc[d]
@@ -589,7 +587,7 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
                 # A large k gathers many hits before theta rises. Guess a theta that about 2k hits pass from
                 # every SAMPLE_STRIDE-th doc, gather at it without resetting acc, and keep the result if at
                 # least k passed (then the k best all did); else gather again from the true theta.
-                m = _gather_from_sample(acc, n_docs, k, theta, filtered, allowed, values, hit_ords, spare)
+                m = _gather_from_sample(acc, n_docs, k, theta, filtered, allowed, values, hit_ords)
                 if m >= k:
                     acc[:] = 0
                     counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
@@ -659,7 +657,6 @@ def _in_ordinal_order(docs, n, marks, w_lo, w_hi, out):
             m += 1
             word ^= low
     return m
-
 
 
 @numba.njit(cache=True, nogil=True)
