@@ -103,7 +103,7 @@ class _Snapshot:
         """Every reject, once the records have been read."""
         self._spool()
         self._rejects.close()
-        return pq.ParquetFile(self.rejects_path).iter_batches()
+        return pq.ParquetFile(self.rejects_path, pre_buffer=False).iter_batches()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         rows = {name: [] for name in tables.DOCS_SCHEMA.names}
@@ -182,7 +182,7 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
             "doc_id": gone, "_op": pa.array(["delete"] * deleted)}).select(schema.names).cast(schema))
     columns = {c: f"s.{c}" for c in tables.DOCS_SCHEMA.names}
     if inserted or updated or deleted:
-        source = pa.RecordBatchReader.from_batches(schema, pq.ParquetFile(changes_path).iter_batches())
+        source = pa.RecordBatchReader.from_batches(schema, pq.ParquetFile(changes_path, pre_buffer=False).iter_batches())
         (target.merge(source, predicate="t.doc_id = s.doc_id",
                       source_alias="s", target_alias="t")
          .when_matched_delete(predicate="s._op = 'delete'")

@@ -194,7 +194,8 @@ class CorpusSource:
         src = str(self.path)
         if self.kind == "parquet":
             row = 0
-            for batch in pq.ParquetFile(self.path).iter_batches(batch_size=10_000):
+            # No pre-buffering: with it pyarrow reads ahead every row group of the file, so memory grows with it.
+            for batch in pq.ParquetFile(self.path, pre_buffer=False).iter_batches(batch_size=10_000):
                 for obj in batch.to_pylist():
                     row += 1
                     yield RawRecord(src, row, obj)
