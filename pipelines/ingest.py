@@ -65,19 +65,79 @@ def content_hash(title: str, text: str) -> str:
     return hashlib.blake2b(f"{title}\x1f{text}".encode("utf-8"), digest_size=16).hexdigest()
 
 
-class _Snapshot:
-    """The source's valid records as Arrow batches (read lazily, once), with the rejects and counts it saw.
+class _DuplicateIds:
+    """Which records repeat the id of an earlier valid one, in memory bounded by one bucket, not by the source.
 
-    Memory does not grow with the source: records stream through in batches, rejects are spooled to a Parquet
-    file in `spool` (a source of nothing but bad records is as big as a good one); what is kept per document is its
-    id and record number, for the duplicate check."""
+    Each id's 128-bit fingerprint (blake2b, as content_hash: a collision is not a practical concern) and record
+    number go to one of BUCKETS files on disk by the fingerprint's first byte; each bucket is then sorted on its
+    own. 24 bytes per record on disk; in memory, a bucket: 100 MB at a billion records."""
+
+    BUCKETS = 256
+    FLUSH_RECORDS = 65_536
+    ROW = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("record", "<i8")])
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._fingerprints = bytearray()
+        self._records: list[int] = []
+
+    def add(self, doc_id: str, record: int) -> None:
+        self._fingerprints += hashlib.blake2b(doc_id.encode("utf-8"), digest_size=16).digest()
+        self._records.append(record)
+        if len(self._records) >= self.FLUSH_RECORDS:
+            self._flush()
+
+    def _flush(self) -> None:
+        n = len(self._records)
+        if not n:
+            return
+        halves = np.frombuffer(bytes(self._fingerprints), dtype=">u8").reshape(n, 2)
+        rows = np.empty(n, self.ROW)
+        rows["hi"], rows["lo"], rows["record"] = halves[:, 0], halves[:, 1], self._records
+        bucket = (rows["hi"] >> np.uint64(56)).astype(np.intp)
+        order = np.argsort(bucket, kind="stable")
+        rows, bucket = rows[order], bucket[order]
+        bounds = np.searchsorted(bucket, np.arange(self.BUCKETS + 1))
+        for b in np.flatnonzero(np.diff(bounds)):
+            with open(self.folder / f"{b:03d}.bin", "ab") as fh:
+                rows[bounds[b]:bounds[b + 1]].tofile(fh)
+        self._fingerprints, self._records = bytearray(), []
+
+    def duplicates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(record, record of the id's first occurrence) of every repeat, ascending by record; the files go."""
+        self._flush()
+        repeats, firsts = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for path in sorted(self.folder.glob("*.bin")):
+            rows = np.fromfile(path, self.ROW)
+            path.unlink()
+            rows = rows[np.lexsort((rows["record"], rows["lo"], rows["hi"]))]
+            starts = np.concatenate([[True], (rows["hi"][1:] != rows["hi"][:-1]) | (rows["lo"][1:] != rows["lo"][:-1])])
+            if starts.all():
+                continue
+            first = rows["record"][np.flatnonzero(starts)][np.cumsum(starts) - 1]
+            repeats.append(rows["record"][~starts])
+            firsts.append(first[~starts])
+        repeats, firsts = np.concatenate(repeats), np.concatenate(firsts)
+        order = np.argsort(repeats)
+        return repeats[order], firsts[order]
+
+
+class _Snapshot:
+    """The source's valid records as Arrow batches, with the rejects and counts it saw.
+
+    Memory does not grow with the source: the source is read twice, record by record (first to validate it and find
+    repeated ids through `_DuplicateIds`, on disk; then to yield its rows in batches), and rejects are spooled to a
+    Parquet file in `spool` (a source of nothing but bad records is as big as a good one). What memory holds per
+    record is 16 bytes per repeated id only."""
 
     def __init__(self, cfg: IngestConfig, spool: Path, progress: Progress):
         self.cfg = cfg
         self.progress = progress
         self.source = resolve_corpus(cfg.source)
         self.now = datetime.now(timezone.utc)
-        self.seen: dict[str, int] = {}
+        self._ids = _DuplicateIds(spool / "ids")
+        self.kept = 0
         self.read = 0
         self.rejects_path = spool / "rejected.parquet"
         self._rejects = pq.ParquetWriter(self.rejects_path, tables.REJECTED_SCHEMA)
@@ -105,21 +165,36 @@ class _Snapshot:
         self._rejects.close()
         return pq.ParquetFile(self.rejects_path, pre_buffer=False).iter_batches()
 
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        rows = {name: [] for name in tables.DOCS_SCHEMA.names}
-        with self.progress(f"ingest {self.source.name}", None, "records") as advance:
+    def _check(self) -> tuple[np.ndarray, np.ndarray]:
+        """First pass: reject the invalid records; `_DuplicateIds.duplicates` of the valid ones."""
+        with self.progress(f"check {self.source.name}", None, "records") as advance:
             for raw in self.source.records():
                 self.read += 1
                 advance(1)
                 try:
-                    doc_id, title, text = parse_record(raw)
+                    doc_id, _, _ = parse_record(raw)
                 except RecordError as exc:
                     self._reject(raw, None, str(exc))
                     continue
-                if doc_id in self.seen:
-                    self._reject(raw, doc_id, f"duplicate id {doc_id!r} (first seen at record {self.seen[doc_id]})")
-                    continue
-                self.seen[doc_id] = raw.record
+                self._ids.add(str(doc_id), raw.record)
+        return self._ids.duplicates()
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        repeats, firsts = self._check()
+        rows = {name: [] for name in tables.DOCS_SCHEMA.names}
+        with self.progress(f"ingest {self.source.name}", self.read, "records") as advance:
+            for raw in self.source.records():
+                advance(1)
+                try:
+                    doc_id, title, text = parse_record(raw)
+                except RecordError:
+                    continue  # rejected by the first pass
+                if len(repeats):
+                    at = np.searchsorted(repeats, raw.record)
+                    if at < len(repeats) and repeats[at] == raw.record:
+                        self._reject(raw, doc_id, f"duplicate id {doc_id!r} (first seen at record {firsts[at]})")
+                        continue
+                self.kept += 1
                 for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), self.now)):
                     rows[name].append(value)
                 if len(rows["doc_id"]) >= self.cfg.batch_size:
@@ -175,7 +250,7 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
         if deleted > max_delete_fraction * current.num_rows:
             raise SnapshotRefused(
                 f"{snapshot.cfg.source}: this snapshot would delete {deleted} of the {current.num_rows} documents (more "
-                f"than {max_delete_fraction:.0%}; it holds {len(snapshot.seen)} valid records, {snapshot.rejected} "
+                f"than {max_delete_fraction:.0%}; it holds {snapshot.kept} valid records, {snapshot.rejected} "
                 "rejected); the docs table is unchanged. Check the file, or raise --max-delete-fraction if intended")
         changes.write_table(pa.table({
             **{f.name: pa.nulls(deleted, f.type) for f in tables.DOCS_SCHEMA if f.name != "doc_id"},
@@ -190,7 +265,7 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
          .when_not_matched_insert(columns, predicate="s._op = 'upsert'")
          .execute())
     return {"inserted": inserted, "updated": updated, "deleted": deleted,
-            "unchanged": len(snapshot.seen) - inserted - updated}
+            "unchanged": snapshot.kept - inserted - updated}
 
 
 def _rebatch(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
@@ -221,7 +296,7 @@ def _ingest(cfg: IngestConfig, spool: Path, progress: Progress) -> dict:
     else:
         # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
         write_stream(docs_uri, snapshot.reader(), mode="overwrite")
-        changes = {"inserted": len(snapshot.seen), "updated": 0, "deleted": 0, "unchanged": 0} \
+        changes = {"inserted": snapshot.kept, "updated": 0, "deleted": 0, "unchanged": 0} \
             if cfg.mode == "merge" else None
     # Replace: the rejects of this snapshot replace the last ones. Merge (nightly): appended, so every night's
     # rejects stay inspectable by `rejected_at`.
@@ -231,7 +306,7 @@ def _ingest(cfg: IngestConfig, spool: Path, progress: Progress) -> dict:
     summary = {
         "source": cfg.source,
         "read": snapshot.read,
-        "kept": len(snapshot.seen),
+        "kept": snapshot.kept,
         "rejected": snapshot.rejected,
         "rejected_by_reason": dict(snapshot.rejected_by_reason),
         "docs_table_version": table_version(docs_uri),

@@ -47,6 +47,27 @@ def test_bad_records_are_rejected_with_their_reason_and_nothing_is_lost(tmp_path
     assert all(r["source"] == str(src) and r["raw"] for r in rejected.values())
 
 
+def test_repeated_ids_are_found_across_flushes_and_buckets_as_a_dict_would(tmp_path, monkeypatch):
+    import numpy as np
+    from sira.pipelines import ingest
+
+    monkeypatch.setattr(ingest._DuplicateIds, "FLUSH_RECORDS", 97)  # many flushes, each bucket in many pieces
+    rng = np.random.default_rng(3)
+    ids = [f"doc{n}" for n in rng.integers(0, 3000, size=5000)]  # ~40% repeats, some ids four or five times
+    check = ingest._DuplicateIds(tmp_path / "ids")
+    first: dict[str, int] = {}
+    expected = []
+    for record, doc_id in enumerate(ids, start=1):
+        check.add(doc_id, record)
+        if doc_id in first:
+            expected.append((record, first[doc_id]))
+        else:
+            first[doc_id] = record
+    repeats, firsts = check.duplicates()
+    assert list(zip(repeats.tolist(), firsts.tolist())) == expected
+    assert not list((tmp_path / "ids").iterdir())  # the buckets are gone once read
+
+
 def test_reingest_replaces_the_snapshot_in_one_new_version(tmp_path):
     wh = str(tmp_path / "wh")
     first = run(IngestConfig(source=str(write_lines(tmp_path / "a.jsonl", BAD_CORPUS[:1])), warehouse=wh))
