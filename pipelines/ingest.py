@@ -126,10 +126,10 @@ class _DuplicateIds:
 class _Snapshot:
     """The source's valid records as Arrow batches, with the rejects and counts it saw.
 
-    Memory does not grow with the source: the source is read twice, record by record (first to validate it and find
-    repeated ids through `_DuplicateIds`, on disk; then to yield its rows in batches), and rejects are spooled to a
-    Parquet file in `spool` (a source of nothing but bad records is as big as a good one). What memory holds per
-    record is 16 bytes per repeated id only."""
+    Memory does not grow with the source: the valid records' rows are spooled to an Arrow file in `spool` while
+    their ids go through `_DuplicateIds` (on disk), then read back in batches less the repeats; rejects are spooled
+    to a Parquet file there too (a source of nothing but bad records is as big as a good one). What memory holds per
+    record is 16 bytes per repeated id only; the spool needs about the corpus's size on disk (lz4)."""
 
     def __init__(self, cfg: IngestConfig, spool: Path, progress: Progress):
         self.cfg = cfg
@@ -137,6 +137,7 @@ class _Snapshot:
         self.source = resolve_corpus(cfg.source)
         self.now = datetime.now(timezone.utc)
         self._ids = _DuplicateIds(spool / "ids")
+        self.rows_path = spool / "valid.arrow"
         self.kept = 0
         self.read = 0
         self.rejects_path = spool / "rejected.parquet"
@@ -165,49 +166,57 @@ class _Snapshot:
         self._rejects.close()
         return pq.ParquetFile(self.rejects_path, pre_buffer=False).iter_batches()
 
-    def _check(self) -> tuple[np.ndarray, np.ndarray]:
-        """First pass: reject the invalid records; `_DuplicateIds.duplicates` of the valid ones."""
-        with self.progress(f"check {self.source.name}", None, "records") as advance:
+    def _spool_valid(self) -> tuple[np.ndarray, np.ndarray]:
+        """First pass: reject the invalid records, spool the valid ones' rows (with their record numbers) to an
+        Arrow file, and return `_DuplicateIds.duplicates` of their ids."""
+        rows = {name: [] for name in SPOOL_SCHEMA.names}
+        with pa.ipc.new_file(str(self.rows_path), SPOOL_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="lz4")) as out, \
+                self.progress(f"ingest {self.source.name}", None, "records") as advance:
             for raw in self.source.records():
                 self.read += 1
                 advance(1)
                 try:
-                    doc_id, _, _ = parse_record(raw)
+                    doc_id, title, text = parse_record(raw)
                 except RecordError as exc:
                     self._reject(raw, None, str(exc))
                     continue
-                self._ids.add(str(doc_id), raw.record)
+                self._ids.add(doc_id, raw.record)
+                for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), self.now, raw.record)):
+                    rows[name].append(value)
+                if len(rows["doc_id"]) >= self.cfg.batch_size:
+                    out.write_batch(pa.RecordBatch.from_pydict(rows, schema=SPOOL_SCHEMA))
+                    rows = {name: [] for name in rows}
+            if rows["doc_id"]:
+                out.write_batch(pa.RecordBatch.from_pydict(rows, schema=SPOOL_SCHEMA))
         return self._ids.duplicates()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        repeats, firsts = self._check()
-        rows = {name: [] for name in tables.DOCS_SCHEMA.names}
-        with self.progress(f"ingest {self.source.name}", self.read, "records") as advance:
-            for raw in self.source.records():
-                advance(1)
-                try:
-                    doc_id, title, text = parse_record(raw)
-                except RecordError:
-                    continue  # rejected by the first pass
+        """The valid records' rows, less those that repeat an earlier record's id (rejected, with their raw
+        record, from a second read of the source: only when there are any)."""
+        repeats, firsts = self._spool_valid()
+        with pa.OSFile(str(self.rows_path)) as spooled:  # read, not mapped: the spool's pages are not held
+            reader = pa.ipc.open_file(spooled)
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
                 if len(repeats):
-                    at = np.searchsorted(repeats, raw.record)
-                    if at < len(repeats) and repeats[at] == raw.record:
-                        self._reject(raw, doc_id, f"duplicate id {doc_id!r} (first seen at record {firsts[at]})")
-                        continue
-                self.kept += 1
-                for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), self.now)):
-                    rows[name].append(value)
-                if len(rows["doc_id"]) >= self.cfg.batch_size:
-                    yield pa.RecordBatch.from_pydict(rows, schema=tables.DOCS_SCHEMA)
-                    rows = {name: [] for name in rows}
-            if rows["doc_id"]:
-                yield pa.RecordBatch.from_pydict(rows, schema=tables.DOCS_SCHEMA)
+                    batch = batch.filter(pa.array(~np.isin(batch.column("record").to_numpy(), repeats)))
+                self.kept += batch.num_rows
+                yield batch.select(tables.DOCS_SCHEMA.names).cast(tables.DOCS_SCHEMA)
+        self.rows_path.unlink()
+        if len(repeats):
+            for raw in self.source.records():
+                at = np.searchsorted(repeats, raw.record)
+                if at < len(repeats) and repeats[at] == raw.record:
+                    doc_id = parse_record(raw)[0]
+                    self._reject(raw, doc_id, f"duplicate id {doc_id!r} (first seen at record {firsts[at]})")
 
     def reader(self) -> pa.RecordBatchReader:
         return pa.RecordBatchReader.from_batches(tables.DOCS_SCHEMA, self.batches())
 
 
 REJECT_SPOOL_ROWS = 10_000
+# The valid records' rows between the two passes: the docs table's columns and the record number.
+SPOOL_SCHEMA = pa.schema([*tables.DOCS_SCHEMA, pa.field("record", pa.int64())])
 # The snapshot's records meet the current table's keys in batches this big (a batch's join builds a hash table of the
 # current keys, so bigger batches mean fewer builds).
 MERGE_BATCH_ROWS = 200_000
