@@ -244,13 +244,17 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
     inserted = updated = 0
     with pq.ParquetWriter(changes_path, schema) as changes:
         for batch in _rebatch(snapshot.batches(), MERGE_BATCH_ROWS):
-            joined = batch.join(current, "doc_id", join_type="left outer")
+            # The keys alone meet the table's (the texts are not copied through the join); changed rows are taken after.
+            keys = batch.select(["doc_id", "content_hash"]).append_column(
+                "_pos", pa.array(np.arange(batch.num_rows, dtype=np.int64)))
+            joined = keys.join(current, "doc_id", join_type="left outer")
             rows = joined.column("_row")
             seen[pc.drop_null(rows).to_numpy()] = True
             new = pc.is_null(rows)
             # A new document has no current hash: its comparison is null, which counts as a change here.
             differs = pc.fill_null(pc.not_equal(joined.column("content_hash"), joined.column("current_hash")), True)
-            upserts = joined.filter(differs).select(tables.DOCS_SCHEMA.names)
+            changed = np.sort(joined.filter(differs).column("_pos").to_numpy())
+            upserts = batch.take(pa.array(changed)).select(tables.DOCS_SCHEMA.names)
             n_new = pc.sum(new.cast(pa.int64())).as_py() or 0
             inserted, updated = inserted + n_new, updated + upserts.num_rows - n_new
             changes.write_table(upserts.append_column("_op", pa.array(["upsert"] * upserts.num_rows)).cast(schema))
