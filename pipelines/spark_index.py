@@ -253,8 +253,9 @@ class Build:
     analyzer_key: str = ""
     build_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     persisted: list = field(default_factory=list)
-    # The kept analyses of the documents whose content came or went since the base (set by `original_df`): a plain
-    # build's entering and leaving documents are exactly those, so they are read from here, not from the whole table.
+    # A plain incremental build's kept analyses of the documents whose content came or went since the base (set by
+    # `original_df`): its entering and leaving documents are exactly those, so they are read from here, not from the
+    # whole table.
     changed: DataFrame | None = None
     changed_rows: int = 0
     live: DataFrame | None = None  # the base's segment_docs rows of its live documents (`_live_docs`), once read
@@ -545,9 +546,7 @@ def _small(df: DataFrame, rows: int | None) -> DataFrame:
 def _analysis_of(b: Build, keys: DataFrame, rows: int | None = None) -> DataFrame:
     """The kept analysis of the documents in `keys` (doc_id, content_hash, ...), joined to them; `rows`: how many
     keys there are, when known (few are broadcast). In a plain incremental build they are read from `b.changed`."""
-    if b.changed is not None and b.enrichment is None:
-        # A plain build's entering documents are those whose content came, its leaving ones those whose content
-        # went: `b.changed` holds both, so the corpus-sized table is not scanned again for each.
+    if b.changed is not None:  # the corpus-sized table is not scanned again for each
         done = b.changed.drop("sign")
     else:
         done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
@@ -622,7 +621,8 @@ def original_df(b: Build, current: DataFrame, base: dict | None) -> tuple[DataFr
     came_went = b.keep(sides.where(F.col("now").isNull() | F.col("before").isNull()).select(
         *key, F.when(F.col("now"), F.lit(1)).otherwise(F.lit(-1)).alias("sign")))
     changed = _require_analysis(b, came_went, "documents whose content came or went")
-    b.changed, b.changed_rows = changed, changed.count()
+    if b.enrichment is None:  # with enrichment, injections can change without the content: see `Build.changed`
+        b.changed, b.changed_rows = changed, changed.count()
     delta = b.keep(_term_counts(changed, keep=("sign",)).groupBy("term_id")
                    .agg(F.sum("sign").cast("long").alias("d_df")))
     base_df = b.read(tables.TERM_STATS).where(F.col("index_version") == base["index_version"]).select("term_id", "df")
@@ -718,13 +718,12 @@ def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: Segme
     key = ["doc_id", "content_hash", "inject_key"]
     if base is not None:
         live = _live_docs(b, base)
-        if b.changed is not None and b.enrichment is None:
+        if b.changed is not None:
             # Plain: no document's injections change, so what enters is what came and what leaves is what went.
             moved = b.changed.select("doc_id", "content_hash", "sign")
             entering = b.keep(desired_documents(moved.where("sign = 1").drop("sign"), None))
             went = moved.where("sign = -1").drop("sign")
-            leaving = b.keep(live.join(F.broadcast(went) if b.changed_rows <= BROADCAST_ROWS else went,
-                                       ["doc_id", "content_hash"], "left_semi"))
+            leaving = b.keep(live.join(_small(went, b.changed_rows), ["doc_id", "content_hash"], "left_semi"))
         else:
             leaving = b.keep(live.join(desired.select(*key), key, "left_anti"))
             entering = b.keep(desired.join(live.select(*key), key, "left_anti"))
