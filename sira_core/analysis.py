@@ -18,6 +18,8 @@ from typing import Iterable, Literal, Sequence
 
 import numba
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import Stemmer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -228,14 +230,30 @@ class _WordCache(dict):
         return index
 
 
+class _ChunkCache(dict):
+    """whitespace-delimited chunk -> chunk number; the chunk's kept stem indices are computed on first sight."""
+
+    def __init__(self, owner: "BatchAnalyzer"):
+        super().__init__()
+        self._owner = owner
+
+    def __missing__(self, chunk: str) -> int:
+        number = self[chunk] = self._owner._add_chunk(chunk)
+        return number
+
+
 class BatchAnalyzer:
     """Analyzer.terms for many texts at once, as arrays: what the index build runs over whole corpora.
 
-    Per text, Python only finds the words and looks each up in a word cache (word -> stem index); stopwords,
-    stemming and the unigram's hash happen once per distinct word. N-grams, their ids (the fold of
-    sira.core.hashing.combine_term_ids) and the per-document counts are one compiled pass over the batch. The result equals Analyzer.terms
+    Arrow (C++) splits the batch's texts on ASCII whitespace and numbers the distinct chunks; Python sees each
+    distinct chunk ("(IL-6)," is one) once per cache lifetime, finding its words and their stem indices as
+    Analyzer.tokens would (stopwords, possessives and stemming once per distinct word). This equals analysing
+    whole texts because no token, normalisation or casing rule spans ASCII whitespace: the tokenizers' classes
+    and joiners exclude it, NFKD and its canonical reordering stop at it (a starter), and final-sigma casing
+    treats it as a word boundary. N-grams, their ids (the fold of sira.core.hashing.combine_term_ids) and the
+    per-document counts are one compiled pass over the batch. The result equals Analyzer.terms
     (tests/test_analysis.py compares them). Keep one per process: the caches are what make it fast; they are
-    emptied when they outgrow `cache_limit` words, so memory stays bounded on any corpus."""
+    emptied when they outgrow `cache_limit` entries, so memory stays bounded on any corpus."""
 
     def __init__(self, config: AnalyzerConfig, cache_limit: int = 2_000_000):
         self.analyzer = Analyzer(config)
@@ -247,6 +265,11 @@ class BatchAnalyzer:
         self._stem_of: dict[str, int] = {}
         self._stems: list[str] = []
         self._stem_ids = np.empty(4096, dtype=np.int64)
+        self._chunks = _ChunkCache(self)
+        self._chunk_start = np.empty(4096, dtype=np.int64)  # chunk number -> its stem indices in _chunk_stems
+        self._chunk_len = np.empty(4096, dtype=np.int64)
+        self._chunk_stems = np.empty(16384, dtype=np.int64)
+        self._chunk_stems_used = 0
 
     def _stem_index_of(self, word: str) -> int:
         token = self.analyzer.word_to_token(word)
@@ -261,23 +284,47 @@ class BatchAnalyzer:
             self._stem_ids[index] = unigram_id(token)
         return index
 
-    def analyze(self, texts: Sequence[str]) -> BatchTerms:
-        if len(self._words) > self.cache_limit:
-            self._reset()
-        normalize, findall, lookup = self.analyzer.normalize, self.analyzer._token_re.findall, self._words.__getitem__
+    def _add_chunk(self, chunk: str) -> int:
+        """Number a new chunk and store the stem indices of the tokens it keeps."""
+        a = self.analyzer
         # On lowercased ASCII the alnum tokenizer's class is [a-z0-9]: the same words, 1.5x faster to find.
-        ascii_findall = _ASCII_ALNUM_TOKEN.findall if self.analyzer.config.tokenizer == "alnum" else findall
-        flat: list[int] = []
-        lengths = np.empty(len(texts), dtype=np.int64)
-        for i, text in enumerate(texts):
-            words = ascii_findall(text.lower()) if text.isascii() else findall(normalize(text))
-            stems = list(map(lookup, words))
-            flat.extend(stems)
-            lengths[i] = len(stems)
-        tokens = np.array(flat, dtype=np.int64)
-        kept = tokens >= 0
-        per_doc = np.bincount(np.repeat(np.arange(len(texts)), lengths)[kept], minlength=len(texts))
-        tokens = tokens[kept]
+        if chunk.isascii() and a.config.tokenizer == "alnum":
+            words = _ASCII_ALNUM_TOKEN.findall(chunk.lower())
+        else:
+            words = a._token_re.findall(a.normalize(chunk))
+        stems = [i for i in map(self._words.__getitem__, words) if i >= 0]
+        number, used = len(self._chunks), self._chunk_stems_used
+        if number == len(self._chunk_start):
+            self._chunk_start = np.concatenate([self._chunk_start, np.empty_like(self._chunk_start)])
+            self._chunk_len = np.concatenate([self._chunk_len, np.empty_like(self._chunk_len)])
+        while used + len(stems) > len(self._chunk_stems):
+            self._chunk_stems = np.concatenate([self._chunk_stems, np.empty_like(self._chunk_stems)])
+        self._chunk_stems[used:used + len(stems)] = stems
+        self._chunk_start[number], self._chunk_len[number] = used, len(stems)
+        self._chunk_stems_used = used + len(stems)
+        return number
+
+    def analyze(self, texts: Sequence[str] | pa.Array | pa.ChunkedArray) -> BatchTerms:
+        """`texts`: str each (a list, or an Arrow string array: then no Python string per text is made)."""
+        if len(self._words) > self.cache_limit or len(self._chunks) > self.cache_limit:
+            self._reset()
+        if isinstance(texts, pa.ChunkedArray):
+            texts = texts.combine_chunks()
+        if not isinstance(texts, pa.Array):
+            texts = pa.array(texts, pa.large_string())
+        if texts.null_count:
+            raise ValueError(f"text {texts.is_null().index(True).as_py()} of the batch is null")
+        parts = pc.ascii_split_whitespace(texts)
+        encoded = pc.dictionary_encode(pc.list_flatten(parts))
+        numbers = np.fromiter(map(self._chunks.__getitem__, encoded.dictionary.to_pylist()), dtype=np.int64,
+                              count=len(encoded.dictionary))
+        occurrences = numbers[encoded.indices.to_numpy(zero_copy_only=False)]
+        lens, starts = self._chunk_len[occurrences], self._chunk_start[occurrences]
+        per_doc = np.bincount(pc.list_parent_indices(parts).to_numpy(zero_copy_only=False), weights=lens,
+                              minlength=len(texts)).astype(np.int64)
+        # Each occurrence's stem indices, in order: a ragged gather from the chunk store.
+        ends = np.cumsum(lens)
+        tokens = self._chunk_stems[np.repeat(starts - (ends - lens), lens) + np.arange(ends[-1] if len(ends) else 0)]
         offsets, term_ids, tfs, where, order, doc_lens = _count_terms(
             np.concatenate([[0], np.cumsum(per_doc)]).astype(np.int64), self._stem_ids[tokens].view(np.uint64),
             self.analyzer.config.max_n)

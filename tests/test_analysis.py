@@ -55,13 +55,17 @@ import random  # noqa: E402
 from collections import Counter  # noqa: E402
 
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
 
 from sira.core.analysis import BatchAnalyzer, TermSet  # noqa: E402
 from sira.core.hashing import term_id  # noqa: E402
 
 TRICKY = ["", "the a an of", "Café naïve Über-größe ﬁnance", "x\u0301\u0302y \U0001D165z", "don't U.S. 3.5 1,000 "
-          "John's dog\u2019s e.g. IL-6", "a b a b a b", "Résumé résumé RESUME", "日本語 テキスト", "snake_case x_y"]
+          "John's dog\u2019s e.g. IL-6", "a b a b a b", "Résumé résumé RESUME", "日本語 テキスト", "snake_case x_y",
+          # The batch path splits on ASCII whitespace first: none of these may change a term.
+          "tab\there new\nline\r\nx\x0bvt\x0cff  double", "no\u00a0break\u2003em", "ΟΔΟΣ ΟΔΟΣ\tΣ", " \u0301x é",
+          "½ ㎏ ™ ﬁ", "u.s.\ta.b. 1,000\n2.5 it's\tdogs'"]
 
 
 def random_texts(n: int, seed: int = 3) -> list[str]:
@@ -85,6 +89,15 @@ def test_batch_analysis_equals_analyzer_terms_counts_and_lengths(preset):
             assert list(zip(got.term_ids[lo:hi].tolist(), got.tfs[lo:hi].tolist())) == \
                 sorted((term_id(t), n) for t, n in counts.items()), text
             assert got.doc_lens[i] == sum(counts.values())
+
+
+def test_batch_analysis_of_an_arrow_array_equals_that_of_a_list():
+    config = get_preset("pyserini-flat").analyzer
+    texts = random_texts(50)
+    got, expected = BatchAnalyzer(config).analyze(pa.array(texts)), BatchAnalyzer(config).analyze(texts)
+    assert all(np.array_equal(getattr(got, f), getattr(expected, f)) for f in ("offsets", "term_ids", "tfs", "doc_lens"))
+    with pytest.raises(ValueError, match="text 1 of the batch is null"):
+        BatchAnalyzer(config).analyze(pa.array(["a", None]))
 
 
 def test_new_terms_are_spelled_as_the_analyzer_spells_them_and_given_once():
