@@ -228,10 +228,9 @@ def posting_counts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     for batch in batches:
         tfs = batch.column("tfs")
         lengths = pc.list_value_length(tfs).to_numpy(zero_copy_only=False).astype(np.int64)
-        values = pc.list_flatten(tfs).to_numpy(zero_copy_only=False).astype(np.int64)
-        sums = np.add.reduceat(np.append(values, 0), np.cumsum(lengths) - lengths) if len(lengths) else lengths
-        yield pa.record_batch([batch.column("term_id"), pa.array(lengths), pa.array(np.where(lengths > 0, sums, 0))],
-                              schema=POSTING_COUNTS_OUT)
+        sums = np.bincount(pc.list_parent_indices(tfs).to_numpy(), weights=pc.list_flatten(tfs).to_numpy(),
+                           minlength=len(lengths)).astype(np.int64)  # float64 sums of ints: exact below 2^53
+        yield pa.record_batch([batch.column("term_id"), pa.array(lengths), pa.array(sums)], schema=POSTING_COUNTS_OUT)
 
 
 # ---------------------------------------------------------------- the build ----------------------------------------

@@ -217,29 +217,25 @@ def _add_new(keys, used, ids, shift, start, room):
     return out[:n], i
 
 
-class _WordCache(dict):
-    """normalised word -> stem index (-1: dropped), computed on first sight."""
+class _Memo(dict):
+    """key -> compute(key), computed on first sight (word -> stem index, chunk -> chunk number)."""
 
-    def __init__(self, owner: "BatchAnalyzer"):
+    def __init__(self, compute):
         super().__init__()
-        self._owner = owner
+        self._compute = compute
 
-    def __missing__(self, word: str) -> int:
-        index = self._owner._stem_index_of(word)
-        self[word] = index
-        return index
+    def __missing__(self, key: str) -> int:
+        value = self[key] = self._compute(key)
+        return value
 
 
-class _ChunkCache(dict):
-    """whitespace-delimited chunk -> chunk number; the chunk's kept stem indices are computed on first sight."""
-
-    def __init__(self, owner: "BatchAnalyzer"):
-        super().__init__()
-        self._owner = owner
-
-    def __missing__(self, chunk: str) -> int:
-        number = self[chunk] = self._owner._add_chunk(chunk)
-        return number
+def _with_room(a: np.ndarray, size: int) -> np.ndarray:
+    """`a`, or a copy doubled until it holds `size` entries (amortised growth of a store)."""
+    if size <= len(a):
+        return a
+    grown = np.empty(max(size, 2 * len(a)), dtype=a.dtype)
+    grown[: len(a)] = a
+    return grown
 
 
 class BatchAnalyzer:
@@ -261,11 +257,11 @@ class BatchAnalyzer:
         self._reset()
 
     def _reset(self) -> None:
-        self._words = _WordCache(self)
+        self._words = _Memo(self._stem_index_of)  # normalised word -> stem index (-1: dropped)
         self._stem_of: dict[str, int] = {}
         self._stems: list[str] = []
         self._stem_ids = np.empty(4096, dtype=np.int64)
-        self._chunks = _ChunkCache(self)
+        self._chunks = _Memo(self._add_chunk)  # whitespace-delimited chunk -> chunk number
         self._chunk_start = np.empty(4096, dtype=np.int64)  # chunk number -> its stem indices in _chunk_stems
         self._chunk_len = np.empty(4096, dtype=np.int64)
         self._chunk_stems = np.empty(16384, dtype=np.int64)
@@ -279,8 +275,7 @@ class BatchAnalyzer:
         if index is None:
             index = self._stem_of[token] = len(self._stems)
             self._stems.append(token)
-            if index == len(self._stem_ids):
-                self._stem_ids = np.concatenate([self._stem_ids, np.empty_like(self._stem_ids)])
+            self._stem_ids = _with_room(self._stem_ids, index + 1)
             self._stem_ids[index] = unigram_id(token)
         return index
 
@@ -294,11 +289,9 @@ class BatchAnalyzer:
             words = a._token_re.findall(a.normalize(chunk))
         stems = [i for i in map(self._words.__getitem__, words) if i >= 0]
         number, used = len(self._chunks), self._chunk_stems_used
-        if number == len(self._chunk_start):
-            self._chunk_start = np.concatenate([self._chunk_start, np.empty_like(self._chunk_start)])
-            self._chunk_len = np.concatenate([self._chunk_len, np.empty_like(self._chunk_len)])
-        while used + len(stems) > len(self._chunk_stems):
-            self._chunk_stems = np.concatenate([self._chunk_stems, np.empty_like(self._chunk_stems)])
+        self._chunk_start = _with_room(self._chunk_start, number + 1)
+        self._chunk_len = _with_room(self._chunk_len, number + 1)
+        self._chunk_stems = _with_room(self._chunk_stems, used + len(stems))
         self._chunk_stems[used:used + len(stems)] = stems
         self._chunk_start[number], self._chunk_len[number] = used, len(stems)
         self._chunk_stems_used = used + len(stems)
