@@ -494,17 +494,20 @@ def compact_analysis(b: Build, stale: int) -> None:
 def merge_dictionary(b: Build, spelled: DataFrame) -> None:
     """Append the term ids the dictionary lacks; two spellings of one id is a collision, and an error."""
     uri = b.uri(tables.TERM_DICTIONARY)
-    new = b.keep(spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other")))
-    clashes = new.where(F.col("term") != F.col("other")).select("term", "other")
+    spellings = spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other"))
+    # One join with the dictionary, kept: the check and the append both read it, and `limit` runs a job per few
+    # partitions, each of which redid the join.
     if table_exists(uri):
-        known = b.read(tables.TERM_DICTIONARY)
-        clashes = clashes.unionByName(new.join(known.withColumnRenamed("term", "known"), "term_id")
-                                      .where(F.col("term") != F.col("known")).select("term", F.col("known").alias("other")))
-        new = new.join(known.select("term_id"), "term_id", "left_anti")
-    found = clashes.limit(5).collect()
+        spellings = spellings.join(b.read(tables.TERM_DICTIONARY).withColumnRenamed("term", "known"), "term_id", "left")
+    else:
+        spellings = spellings.withColumn("known", F.lit(None).cast("string"))
+    spellings = b.keep(spellings)
+    clash = (F.col("term") != F.col("other")) | (F.col("known") != F.col("term"))  # null known: a new id, no clash
+    found = spellings.where(clash).limit(5).collect()
     if found:
-        raise TermIdCollision(f"term id hash collisions: {[(r['term'], r['other']) for r in found]}")
-    new.select("term_id", "term").write.format("delta").mode("append").save(uri)
+        raise TermIdCollision("term id hash collisions: " + str(
+            [(r["term"], r["other"] if r["other"] != r["term"] else r["known"]) for r in found]))
+    spellings.where(F.col("known").isNull()).select("term_id", "term").write.format("delta").mode("append").save(uri)
 
 
 def _enrichment_phrases(b: Build, docs: DataFrame) -> tuple[DataFrame, int]:

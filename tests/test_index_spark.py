@@ -71,3 +71,18 @@ def test_bad_preset_and_missing_docs_are_clear_errors(tmp_path, spark):
         index_job.run(index_job.IndexConfig(warehouse=str(tmp_path), preset="bm99"), spark=spark)
     with pytest.raises(FileNotFoundError, match="run `sira ingest` first"):
         index_job.run(index_job.IndexConfig(warehouse=str(tmp_path)), spark=spark)
+
+
+def test_a_term_id_spelled_two_ways_is_a_clear_error(tmp_path, tiny_beir, spark):
+    from sira.core.hashing import term_id
+    from sira.jobs import ingest as ingest_job
+    from sira.pipelines.spark_index import TermIdCollision
+
+    wh = str(tmp_path / "wh")
+    ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))
+    # The dictionary already spells the id of a word of the corpus otherwise (what a hash collision looks like).
+    spark.createDataFrame([(term_id("insulin"), "not-insulin")], "term_id long, term string").write.format(
+        "delta").save(f"{wh}/term_dictionary")
+    with pytest.raises(TermIdCollision, match=r"\('insulin', 'not-insulin'\)"):
+        index_job.run(index_job.IndexConfig(warehouse=wh, preset="pyserini-flat", shards=1), spark=spark)
+
