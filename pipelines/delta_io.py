@@ -58,10 +58,12 @@ def write_table(uri: str, data, mode: str = "append", partition_by: Sequence[str
     return DeltaTable(uri).version()
 
 
-def write_stream(uri: str, batches: pa.RecordBatchReader, mode: str = "overwrite", file_rows: int = 100_000) -> int:
+def write_stream(uri: str, batches: pa.RecordBatchReader, mode: str = "overwrite", file_rows: int = 100_000,
+                 configuration: dict[str, str] | None = None) -> int:
     """Write a stream of any length in one commit with memory bounded by one row group: the files are written here
     with pyarrow, `file_rows` rows each, then added to the table in a single transaction (delta-rs's own writer
-    holds a large part of the stream in memory). Returns the new table version."""
+    holds a large part of the stream in memory). `configuration`: table properties of a table created here.
+    Returns the new table version."""
     import json
     import os
     import time
@@ -98,8 +100,51 @@ def write_stream(uri: str, batches: pa.RecordBatchReader, mode: str = "overwrite
     if table_exists(uri):
         DeltaTable(uri).create_write_transaction(actions, mode, schema)
     else:
-        create_table_with_add_actions(uri, schema, actions, mode)
+        create_table_with_add_actions(uri, schema, actions, mode, configuration=configuration)
     return DeltaTable(uri).version()
+
+
+# Delta's change data feed: MERGEs into a table with this property also record each changed row (pre- and
+# post-image), so a reader can take what changed between two versions without comparing them.
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
+def row_count(uri: str, version: int | None = None, partition: tuple[str, str] | None = None) -> int | None:
+    """Rows of a table version (of one partition, (column, value)) from its log's file statistics, without reading
+    a data file; None when a file lacks the statistic or the table may have deleted rows in place (deletion
+    vectors)."""
+    table = DeltaTable(uri, version=version)
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        return None
+    adds = pa.table(table.get_add_actions(flatten=True))
+    if partition is not None:
+        column, value = partition
+        adds = adds.filter(pc.equal(adds.column(f"partition.{column}"), value))
+    counts = adds.column("num_records")
+    return None if counts.null_count else int(pc.sum(counts).as_py() or 0)
+
+
+def has_change_data(uri: str, since: int, until: int) -> bool:
+    """Whether every commit after version `since` up to `until` is a MERGE recorded in the change data feed, or the
+    commit that turned the feed on (no data changes): then the feed holds exactly what changed between the two
+    versions. A rewrite, a restore or another property change in between, or a feed not enabled, is False."""
+    import json
+
+    table = DeltaTable(uri, version=until)
+    if table.metadata().configuration.get(CHANGE_DATA_FEED, "false").lower() != "true":
+        return False
+
+    def recorded(commit: dict | None) -> bool:
+        if commit is None:
+            return False
+        if commit.get("operation") == "MERGE":
+            return True
+        properties = (commit.get("operationParameters") or {}).get("properties") if \
+            commit.get("operation") == "SET TBLPROPERTIES" else None
+        return properties is not None and str(json.loads(properties).get(CHANGE_DATA_FEED)).lower() == "true"
+
+    commits = {h["version"]: h for h in table.history(limit=until - since) if "version" in h}
+    return all(recorded(commits.get(v)) for v in range(since + 1, until + 1))
 
 
 def merge_rows(uri: str, rows: pa.Table, key: Sequence[str], replace_when: str | None = None) -> None:

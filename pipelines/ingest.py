@@ -4,7 +4,8 @@
 Two modes: `replace` writes the snapshot as the whole table; `merge` (what `sira nightly` runs) MERGEs it into
 the existing table by doc id, so inserts, updates (a new content hash) and deletes (ids missing from the
 snapshot) land in one commit and unchanged documents keep their row, their `ingested_at` and their cached
-enrichment.
+enrichment. The table records Delta's change data feed, so that the next index build reads the night's changes
+from it instead of comparing the whole table with the index.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sira.pipelines.delta_io import table_exists, table_version, write_stream
+from sira.pipelines.delta_io import CHANGE_DATA_FEED, table_exists, table_version, write_stream
 from sira.pipelines.warehouse_info import task_at_ingest
 from sira.core import tables
 from sira.core.datasets import RecordError, parse_record, resolve_corpus
@@ -270,6 +271,10 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
             "doc_id": gone, "_op": pa.array(["delete"] * deleted)}).select(schema.names).cast(schema))
     columns = {c: f"s.{c}" for c in tables.DOCS_SCHEMA.names}
     if inserted or updated or deleted:
+        if target.metadata().configuration.get(CHANGE_DATA_FEED, "false").lower() != "true":
+            # A table made before the feed was on: from the next MERGE on, the index build reads what changed there.
+            target.alter.set_table_properties({CHANGE_DATA_FEED: "true"})
+            target = DeltaTable(uri)
         source = pa.RecordBatchReader.from_batches(schema, pq.ParquetFile(changes_path, pre_buffer=False).iter_batches())
         (target.merge(source, predicate="t.doc_id = s.doc_id",
                       source_alias="s", target_alias="t")
@@ -308,7 +313,7 @@ def _ingest(cfg: IngestConfig, spool: Path, progress: Progress) -> dict:
         changes = _merge(docs_uri, snapshot, cfg.max_delete_fraction, spool)
     else:
         # A full snapshot replaces the table in one commit: a killed ingest leaves the previous version intact.
-        write_stream(docs_uri, snapshot.reader(), mode="overwrite")
+        write_stream(docs_uri, snapshot.reader(), mode="overwrite", configuration={CHANGE_DATA_FEED: "true"})
         changes = {"inserted": snapshot.kept, "updated": 0, "deleted": 0, "unchanged": 0} \
             if cfg.mode == "merge" else None
     # Replace: the rejects of this snapshot replace the last ones. Merge (nightly): appended, so every night's

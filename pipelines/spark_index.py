@@ -2,9 +2,13 @@
 
 An index version (layout 2, see sira.core.tables) is a list of immutable segments minus the version's tombstones,
 with its own term statistics. One build (`build_index`) runs these steps, each a function below, and reports the
-seconds of each (`step_seconds`: analysis, original df, injections, segment plan, segment, term statistics,
+seconds of each (`step_seconds`: changes, analysis, original df, injections, segment plan, segment, term statistics,
 tombstones and injections, publish):
 
+0. `docs_changes`: on top of a base, the documents whose content came or went since the docs version the base was
+   built from, read from the docs table's change data feed (what the night's MERGE changed): with them, the steps
+   below touch the night's documents, not a scan of the whole corpus. Without a usable feed (not enabled, a
+   rewrite in between) they compare the whole table with the kept analyses and the base instead.
 1. `analyse_documents`: documents with no kept analysis for this analyzer are analysed (BatchAnalyzer inside
    mapInArrow); their new terms go to `term_dictionary` first, then the analysis to `doc_analysis`. A night
    analyses only what is new or changed.
@@ -39,9 +43,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.errors import PySparkException
 from pyspark.storagelevel import StorageLevel
+from py4j.protocol import Py4JJavaError
 
-from sira.pipelines.delta_io import read_table, table_exists, table_version
+from sira.pipelines.delta_io import has_change_data, read_table, row_count, table_exists, table_version
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, TermSet, index_text
 from sira.core.defaults import DEFAULT_TAU
@@ -323,19 +329,24 @@ def build_index(
     log=print,
 ) -> dict:
     """Build and publish one index version (with the corpus-side enrichment when `enrichment` is given), on top
-    of the newest version of the same kind unless `full`; returns its corpus_stats row, `documents_analysed` and the
+    of the newest version of the same kind unless `full`; returns its corpus_stats row, `documents_analysed`,
+    whether it took the night's changes from the docs table's change data feed (`changes_from_feed`) and the
     seconds of each step (`step_seconds`)."""
     b = start_build(spark, warehouse, preset, num_shards, enrichment, log)
     try:
         docs = b.read(tables.DOCS, b.docs_version)
         size_shuffles(spark, b.uri(tables.DOCS))
+        base = None if full else find_base(b)
+        with b.step("changes"):
+            changes = docs_changes(b, base)
         with b.step("analysis"):
-            num_docs, analysed, stale = analyse_documents(b, docs)
+            num_docs, analysed, stale = analyse_documents(b, docs, changes)
         if num_docs == 0:
             raise ValueError(f"docs table {b.uri(tables.DOCS)} v{b.docs_version} is empty")
         current = docs.select("doc_id", "content_hash")
         with b.step("original df"):
-            base, orig_df, orig_delta = base_and_original_df(b, current, full)
+            base, orig_df, orig_delta, more = base_and_original_df(b, docs, base, changes)
+            analysed += more
         injections, per_doc, enrichment_info = None, None, _no_enrichment()
         if enrichment is not None:
             with b.step("injections"):
@@ -361,7 +372,8 @@ def build_index(
     log(f"published index version {b.version}: {num_docs} documents, {stats['total_terms']} terms, segments "
         f"{plan.segments}" + (f" ({plan.num_tombstones} tombstoned)" if plan.num_tombstones else ""))
     b.log("build steps: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in b.seconds.items()))
-    return {**row, "documents_analysed": analysed, "step_seconds": b.seconds}
+    return {**row, "documents_analysed": analysed, "changes_from_feed": changes is not None and plan.base is not None,
+            "step_seconds": b.seconds}
 
 
 def start_build(spark: SparkSession, warehouse: str, preset: IndexPreset, num_shards: int,
@@ -447,24 +459,106 @@ def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: lis
     return table_version(uri)
 
 
+# ---- 0. what changed ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Changes:
+    """The net change of the docs table since the version a base index was built from."""
+
+    rows: DataFrame  # (doc_id, content_hash, sign, title, text): sign 1 came (with its text), -1 went
+    came: int
+    went: int
+    num_docs: int  # documents now
+
+
+CHANGES_DDL = "doc_id string, content_hash string, sign int, title string, text string"
+
+
+def docs_changes(b: Build, base: dict | None) -> Changes | None:
+    """The documents whose content came or went between the docs version `base` was built from and this build's,
+    from the docs table's change data feed. None, and the build compares whole tables instead, without a base or
+    when the feed does not hold exactly those changes (not enabled, a rewrite or restore in between, change files
+    gone) or its counts do not add up to the documents of both versions."""
+    if base is None:
+        return None
+    uri = b.uri(tables.DOCS)
+    since, until = int(base["docs_table_version"]), b.docs_version
+    num_docs = row_count(uri, until)
+    if num_docs is None or until < since or not has_change_data(uri, since, until):
+        b.log(f"changes: no change data feed of {uri} from v{since} to v{until}: comparing whole tables")
+        return None
+    try:
+        rows = _net_changes(b, uri, since, until)
+        counts = rows.agg(F.count(F.when(F.col("sign") == 1, 1)).alias("came"),
+                          F.count(F.when(F.col("sign") == -1, 1)).alias("went")).first()
+    except (Py4JJavaError, PySparkException) as exc:  # e.g. its change files vacuumed
+        b.log(f"changes: the change data feed of {uri} is unreadable ({str(exc).splitlines()[0][:300]}): comparing "
+              "whole tables")
+        return None
+    came, went = int(counts["came"]), int(counts["went"])
+    if num_docs != int(base["num_docs"]) + came - went:
+        b.log(f"changes: the change data feed of {uri} ({came} came, {went} went since v{since}) does not take "
+              f"v{since}'s {base['num_docs']} documents to v{until}'s {num_docs}: comparing whole tables")
+        return None
+    b.log(f"changes: {came} documents came and {went} went since docs v{since} (change data feed)")
+    return Changes(rows, came, went, num_docs)
+
+
+def _net_changes(b: Build, uri: str, since: int, until: int) -> DataFrame:
+    """(CHANGES_DDL) from the change data feed of versions since + 1 .. until, kept."""
+    if until == since:
+        return b.spark.createDataFrame([], CHANGES_DDL)
+    feed = (b.spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", since + 1).option("endingVersion", until).load(uri))
+    # A document as it was: the pre-image of its first change (none when that inserted it); as it is: the post-image
+    # of its last (none when that deleted it). An update's pre-image comes before its post-image.
+    order = F.col("_commit_version") * 2 + (F.col("_change_type") == "update_postimage").cast("long")
+    net = feed.groupBy("doc_id").agg(
+        F.min_by(F.struct("_change_type", "content_hash"), order).alias("first"),
+        F.max_by(F.struct("_change_type", "content_hash", "title", "text"), order).alias("last"))
+    net = net.select("doc_id", F.when(F.col("first._change_type") != "insert", F.col("first.content_hash"))
+                     .alias("before"), F.when(F.col("last._change_type") != "delete", F.col("last.content_hash"))
+                     .alias("after"), "last.title", "last.text")
+    differs = ~F.col("before").eqNullSafe(F.col("after"))
+    came = net.where(F.col("after").isNotNull() & differs).select(
+        "doc_id", F.col("after").alias("content_hash"), F.lit(1).alias("sign"), "title", "text")
+    went = net.where(F.col("before").isNotNull() & differs).select(
+        "doc_id", F.col("before").alias("content_hash"), F.lit(-1).alias("sign"),
+        F.lit(None).cast("string").alias("title"), F.lit(None).cast("string").alias("text"))
+    return b.keep(came.unionByName(went), StorageLevel.MEMORY_AND_DISK)
+
+
 # ---- 1. analysis -------------------------------------------------------------------------------------------------
 
 
-def analyse_documents(b: Build, docs: DataFrame) -> tuple[int, int, int]:
+def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None) -> tuple[int, int, int]:
     """Analyse the documents that have no kept analysis for this analyzer; returns how many documents there are,
-    how many were analysed now, and how many kept analyses are of no current document (stale)."""
+    how many were analysed now, and how many kept analyses are of no current document (stale). With `changes`,
+    only the documents that came can lack one, and their texts come with the changes."""
     uri = b.uri(tables.DOC_ANALYSIS)
     key = ["doc_id", "content_hash"]
-    todo, num_docs = docs.select(*key, "title", "text"), docs.count()
-    new, stale = num_docs, 0
+    num_docs = changes.num_docs if changes is not None else row_count(b.uri(tables.DOCS), b.docs_version)
+    if num_docs is None:
+        num_docs = docs.count()
+    todo, new, stale = docs.select(*key, "title", "text"), num_docs, 0
     if table_exists(uri):
-        # Which documents lack an analysis, on the keys alone; the texts are read for those only.
         done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
-        missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
-        new = missing.count()
-        stale = done.count() - (num_docs - new)  # analyses of documents that changed or left since
-        if new < num_docs:
-            todo = todo.join(_small(missing, new), key)
+        kept = row_count(uri, partition=("analyzer_key", b.analyzer_key))
+        kept = done.count() if kept is None else kept
+        if changes is not None:
+            came = changes.rows.where(F.col("sign") == 1).drop("sign")
+            # The night's documents meet the kept analyses' keys (sent to every task: the corpus is not shuffled).
+            have = done.join(_small(came.select(*key), changes.came), key, "left_semi")
+            todo = b.keep(came.join(_small(have, changes.came), key, "left_anti"))
+            new = todo.count()
+        else:
+            # Which documents lack an analysis, on the keys alone; the texts are read for those only.
+            missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
+            new = missing.count()
+            if new < num_docs:
+                todo = todo.join(_small(missing, new), key)
+        stale = kept - (num_docs - new)  # analyses of documents that changed or left since
     b.log(f"analysis: {new} new or changed documents to analyse, {num_docs - new} kept from earlier builds")
     if new:
         out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
@@ -623,7 +717,8 @@ def _read_live_docs(b: Build, base: dict) -> DataFrame:
     return docs
 
 
-def original_df(b: Build, current: DataFrame, base: dict | None) -> tuple[DataFrame | None, DataFrame | None]:
+def original_df(b: Build, current: DataFrame, base: dict | None,
+                changes: Changes | None = None) -> tuple[DataFrame | None, DataFrame | None]:
     """(term_id, df) in the original corpus, needed by enriched builds (the DF rule) and by incremental ones
     (term_stats.df moves with the documents whose content changed); None when the postings give it (a plain full
     build). Incrementally it is the base's plus the delta of documents whose content came or went."""
@@ -633,11 +728,14 @@ def original_df(b: Build, current: DataFrame, base: dict | None) -> tuple[DataFr
         return b.keep(_term_counts(_analysis_of(b, current)).groupBy("term_id").agg(
             F.count("*").cast("long").alias("df"))), None
     key = ["doc_id", "content_hash"]
-    # One outer join of the current documents with the base's finds both what came (sign 1) and what went (-1).
-    sides = current.select(*key, F.lit(True).alias("now")).join(
-        _live_docs(b, base).select(*key, F.lit(True).alias("before")), key, "full_outer")
-    came_went = b.keep(sides.where(F.col("now").isNull() | F.col("before").isNull()).select(
-        *key, F.when(F.col("now"), F.lit(1)).otherwise(F.lit(-1)).alias("sign")))
+    if changes is not None:
+        came_went = changes.rows.select(*key, "sign")
+    else:
+        # One outer join of the current documents with the base's finds both what came (sign 1) and what went (-1).
+        sides = current.select(*key, F.lit(True).alias("now")).join(
+            _live_docs(b, base).select(*key, F.lit(True).alias("before")), key, "full_outer")
+        came_went = b.keep(sides.where(F.col("now").isNull() | F.col("before").isNull()).select(
+            *key, F.when(F.col("now"), F.lit(1)).otherwise(F.lit(-1)).alias("sign")))
     changed = _require_analysis(b, came_went, "documents whose content came or went")
     if b.enrichment is None:  # with enrichment, injections can change without the content: see `Build.changed`
         b.changed, b.changed_rows = changed, changed.count()
@@ -650,16 +748,18 @@ def original_df(b: Build, current: DataFrame, base: dict | None) -> tuple[DataFr
     return b.keep(df), delta
 
 
-def base_and_original_df(b: Build, current: DataFrame, full: bool) -> tuple[dict | None, DataFrame | None,
-                                                                           DataFrame | None]:
-    """The version this build extends (None: a full build) and `original_df` against it. A base whose documents'
-    kept analyses were compacted away cannot be extended: the build is a full one."""
-    base = None if full else find_base(b)
+def base_and_original_df(b: Build, docs: DataFrame, base: dict | None, changes: Changes | None
+                         ) -> tuple[dict | None, DataFrame | None, DataFrame | None, int]:
+    """The version this build extends (None: a full build), `original_df` against it and how many more documents
+    were analysed. A base whose documents' kept analyses were compacted away cannot be extended: the build is a full
+    one, and every document without a kept analysis is analysed first (with `changes`, only those that came were)."""
+    current = docs.select("doc_id", "content_hash")
     try:
-        return base, *original_df(b, current, base)
+        return base, *original_df(b, current, base, changes), 0
     except MissingAnalysis as exc:
         b.log(f"full build: {exc}")
-        return None, *original_df(b, current, None)
+        more = analyse_documents(b, docs)[1] if changes is not None else 0
+        return None, *original_df(b, current, None), more
 
 
 def inject_enrichment(b: Build, docs: DataFrame, orig_df: DataFrame, num_docs: int) -> tuple[DataFrame, DataFrame,

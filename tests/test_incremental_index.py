@@ -94,6 +94,9 @@ def test_a_night_analyses_only_new_and_changed_documents(nights):
     assert first["enriched"]["documents_analysed"] == 0  # the plain build's analysis is kept and reused
     assert second["plain"]["documents_analysed"] == 3  # d03 changed, d13 and d14 added
     assert second["enriched"]["documents_analysed"] == 0
+    # The night's changes came from the docs table's change data feed (the MERGE of night 2), not a comparison.
+    assert not first["plain"]["changes_from_feed"]
+    assert second["plain"]["changes_from_feed"] and second["enriched"]["changes_from_feed"]
 
 
 def test_a_night_adds_a_segment_and_tombstones_what_left(nights):
@@ -128,11 +131,19 @@ def test_a_full_build_on_request_writes_one_segment_with_the_same_index(nights, 
     assert_same_index(wh, reference, enriched=False)
 
 
-def test_too_many_segments_make_a_full_build(tmp_path, spark):
+def test_a_night_without_a_change_feed_compares_tables_and_equals_a_full_rebuild(nights, tmp_path, spark):
+    """Night 2 as a rewrite of the docs table (a replace-mode ingest: no MERGE, so no change data feed to read): the
+    incremental build finds what came and went by comparing the table with its base, with the same index; then
+    too many segments make a full build."""
+    _, reference, _, _ = nights
     wh = str(tmp_path / "wh")
     ingest(wh, TINY_DOCS, tmp_path)
     build(wh, spark, enrichment=False)
-    ingest(wh, NIGHT_2, tmp_path, mode="merge")
+    ingest(wh, NIGHT_2, tmp_path)
+    night = build(wh, spark, enrichment=False)
+    assert night["base_version"] is not None and not night["changes_from_feed"]
+    assert night["documents_analysed"] == 3
+    assert_same_index(wh, reference, enriched=False)
     row = build(wh, spark, enrichment=False, max_segments=1)
     assert row["segments"] == [row["index_version"]] and row["base_version"] is None
     searcher, _ = load_searcher(wh)
@@ -212,3 +223,32 @@ def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_fu
     enriched = build(wh, spark, enrichment=True, tau=TAU)  # its base holds d08, whose analysis is gone
     assert enriched["base_version"] is None and enriched["segments"] == [enriched["index_version"]]
     assert_same_index(wh, reference, enriched=True)
+
+
+def test_the_change_feed_nets_several_nights_into_what_came_and_went(tmp_path, spark):
+    """Three MERGEs after the base's docs version: what came and went is the net change, whatever happened in
+    between (changed twice, changed back, deleted and re-inserted as it was, inserted and deleted)."""
+    from sira.core.presets import get_preset
+    from sira.pipelines.delta_io import has_change_data
+    from sira.pipelines.spark_index import docs_changes, start_build
+
+    doc = lambda i, text: {"_id": i, "title": "", "text": text}  # noqa: E731
+    nights = [
+        [doc("a", "one"), doc("b", "two"), doc("c", "three"), doc("d", "four")],
+        [doc("a", "one"), doc("b", "two, changed"), doc("d", "four"), doc("e", "five")],  # b changed, c gone, e came
+        [doc("a", "one"), doc("b", "two"), doc("c", "three"), doc("d", "four, changed")],  # b and c as before, e gone
+        [doc("a", "one"), doc("b", "two"), doc("c", "three"), doc("d", "four, again"), doc("f", "six")],
+    ]
+    wh = str(tmp_path / "wh")
+    for i, docs in enumerate(nights):
+        ingest(wh, docs, tmp_path, mode="merge" if i else "replace")
+    assert has_change_data(f"{wh}/docs", 0, 3) and not has_change_data(f"{wh}/docs", -1, 3)
+    b = start_build(spark, wh, get_preset("sira"), 1, None, log=lambda _: None)
+    changes = docs_changes(b, {"docs_table_version": 0, "num_docs": 4})
+    rows = sorted((r["doc_id"], r["sign"], r["text"]) for r in changes.rows.collect())
+    assert rows == [("d", -1, None), ("d", 1, "four, again"), ("f", 1, "six")]
+    assert (changes.came, changes.went, changes.num_docs) == (2, 1, 5)
+    # A count that does not add up (a base that is not what the feed starts from) is not trusted.
+    assert docs_changes(b, {"docs_table_version": 0, "num_docs": 3}) is None
+    assert docs_changes(b, {"docs_table_version": 3, "num_docs": 5}).came == 0
+    b.release()

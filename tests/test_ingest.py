@@ -163,3 +163,31 @@ def test_the_prompt_task_is_recorded_at_ingest_never_guessed_from_the_warehouse_
     assert warehouse_task(prod) == "argument"
     with pytest.raises(ValidationError, match="unknown task 'poetry'"):
         IngestConfig(source=str(corpus), warehouse=prod, task="poetry")
+
+
+def test_a_merge_records_its_changes_in_the_change_data_feed_even_on_a_table_made_without_it(tmp_path):
+    """The index build reads a night's changes from the feed: a table made before ingest turned it on gets it with
+    its next MERGE, and the feed then holds exactly the rows that changed."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from sira.pipelines.delta_io import CHANGE_DATA_FEED, has_change_data, row_count
+
+    wh = str(tmp_path / "wh")
+    docs = [json.dumps({"_id": str(i), "text": f"document {i}"}).encode() for i in range(4)]
+    run(IngestConfig(source=str(write_lines(tmp_path / "v0.jsonl", docs)), warehouse=wh))
+    uri = f"{wh}/docs"
+    assert DeltaTable(uri).metadata().configuration[CHANGE_DATA_FEED] == "true"
+    old = str(tmp_path / "old")
+    write_deltalake(f"{old}/docs", read_table(uri))  # as an older ingest wrote it: no feed
+    night = docs[1:3] + [json.dumps({"_id": "9", "text": "new"}).encode()]
+    for folder in (wh, old):
+        run(IngestConfig(source=str(write_lines(tmp_path / "v1.jsonl", night)), warehouse=folder, mode="merge"))
+    merged = f"{old}/docs"
+    assert DeltaTable(merged).version() == 2  # the property, then the MERGE
+    assert has_change_data(merged, 0, 2) and has_change_data(uri, 0, 1)
+    assert row_count(merged) == row_count(uri) == 3
+    feed = pa.table(DeltaTable(merged).load_cdf(starting_version=1).read_all())
+    assert sorted(zip(feed["doc_id"].to_pylist(), feed["_change_type"].to_pylist())) == [
+        ("0", "delete"), ("3", "delete"), ("9", "insert")]
+    run(IngestConfig(source=str(write_lines(tmp_path / "v2.jsonl", docs)), warehouse=wh))  # a rewrite: no feed
+    assert not has_change_data(uri, 1, 2)
