@@ -109,6 +109,11 @@ def write_stream(uri: str, batches: pa.RecordBatchReader, mode: str = "overwrite
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 
 
+def records_changes(table: DeltaTable) -> bool:
+    """Whether the table (as loaded) has the change data feed on."""
+    return table.metadata().configuration.get(CHANGE_DATA_FEED, "false").lower() == "true"
+
+
 def row_count(uri: str, version: int | None = None, partition: tuple[str, str] | None = None) -> int | None:
     """Rows of a table version (of one partition, (column, value)) from its log's file statistics, without reading
     a data file; None when a file lacks the statistic or the table may have deleted rows in place (deletion
@@ -131,7 +136,7 @@ def has_change_data(uri: str, since: int, until: int) -> bool:
     import json
 
     table = DeltaTable(uri, version=until)
-    if table.metadata().configuration.get(CHANGE_DATA_FEED, "false").lower() != "true":
+    if not records_changes(table):
         return False
 
     def recorded(commit: dict | None) -> bool:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sira.pipelines.delta_io import CHANGE_DATA_FEED, table_exists, table_version, write_stream
+from sira.pipelines.delta_io import CHANGE_DATA_FEED, records_changes, table_exists, table_version, write_stream
 from sira.pipelines.warehouse_info import task_at_ingest
 from sira.core import tables
 from sira.core.datasets import RecordError, parse_record, resolve_corpus
@@ -271,7 +271,7 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
             "doc_id": gone, "_op": pa.array(["delete"] * deleted)}).select(schema.names).cast(schema))
     columns = {c: f"s.{c}" for c in tables.DOCS_SCHEMA.names}
     if inserted or updated or deleted:
-        if target.metadata().configuration.get(CHANGE_DATA_FEED, "false").lower() != "true":
+        if not records_changes(target):
             # A table made before the feed was on: from the next MERGE on, the index build reads what changed there.
             target.alter.set_table_properties({CHANGE_DATA_FEED: "true"})
             target = DeltaTable(uri)
