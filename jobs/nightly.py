@@ -53,7 +53,23 @@ class NightlyConfig(DFFilterParams, IndexBuildParams):
 
 
 def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dict:
+    from pyspark.sql import SparkSession
+
+    from sira.pipelines.spark_session import start_in_background, stop_started
+
+    plain_first = cfg.backend.backend == "encoder" or not cfg.enrichment  # the encoder proposes from a plain index
+    # The plain index step's Spark session starts while ingest runs (a caller's active session is used as is).
+    session = start_in_background(cfg.spark_master, "sira-index") \
+        if plain_first and SparkSession.getActiveSession() is None else None
+    try:
+        return _run(cfg, on_step, session)
+    finally:
+        stop_started(session)  # idempotent: stopped after the plain index already, unless a step failed first
+
+
+def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> dict:
     from sira.pipelines.retention import expire_versions
+    from sira.pipelines.spark_session import stop_started
 
     tracker = Tracker(cfg.tracking)
     started = time.perf_counter()
@@ -83,9 +99,11 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
                     f"deleted, {changes['unchanged']} unchanged, {ingest['rejected']} rejected")
         docs_version = ingest["docs_table_version"]
         if cfg.backend.backend == "encoder" or not cfg.enrichment:  # the encoder proposes from a plain index's terms
-            manifest = step("index (plain)", lambda: fresh_or_build(cfg.warehouse, cfg.preset, cfg.shards,
-                                                                    cfg.spark_master, docs_version, log=console.log),
+            manifest = step("index (plain)", lambda: fresh_or_build(
+                cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, docs_version, log=console.log,
+                spark=session.result() if session is not None else None),
                             lambda m: {"index_version": m["index_version"]})
+            stop_started(session)  # its JVM's memory goes back before the enrichment's workers start
         enrich = {"enriched": 0, "errors": 0}
         if cfg.enrichment:
             enrich = step("enrich", lambda: enrich_job.run(EnrichConfig(

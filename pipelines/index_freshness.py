@@ -4,7 +4,7 @@ jobs (`sira run`, `sira nightly`), which enrich as a step of their own, through 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sira.pipelines.delta_io import table_version
 from sira.pipelines.ingest import IngestConfig, Progress, ingest
@@ -12,6 +12,9 @@ from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.shard_loader import IndexNotFound, find_index
 from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, spark_master: str,
@@ -45,9 +48,10 @@ def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, sp
 
 def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, docs_version: int,
                    tau: float | None = None, model: str | None = None, prompt_version: str | None = None,
-                   any_model: bool = False, *, log: Callable[[str], None]) -> dict:
+                   any_model: bool = False, *, log: Callable[[str], None], spark: SparkSession | None = None) -> dict:
     """The newest index of `preset` matching the current docs (and, when `model` is given or `any_model`, the
-    current enrichment table, that model and prompt, and tau); built when there is none."""
+    current enrichment table, that model and prompt, and tau); built when there is none, in `spark` when given (the
+    caller's to stop) or in a session of its own."""
     from sira.pipelines.spark_index import EnrichmentChoice, build_in_session
 
     enriched = model is not None or any_model
@@ -64,5 +68,5 @@ def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, 
     except IndexNotFound:
         log(f"no {preset} index {'with' if enriched else 'without'} enrichment in {warehouse}: building one")
     build_in_session(warehouse, preset, shards, spark_master,
-                     EnrichmentChoice(tau, model, prompt_version) if enriched else None, log=log)
+                     EnrichmentChoice(tau, model, prompt_version) if enriched else None, log=log, spark=spark)
     return find_index(warehouse, preset=preset, enriched=enriched)

@@ -588,11 +588,20 @@ def compact_analysis(b: Build, stale: int) -> None:
 def merge_dictionary(b: Build, spelled: DataFrame) -> None:
     """Append the term ids the dictionary lacks; two spellings of one id is a collision, and an error."""
     uri = b.uri(tables.TERM_DICTIONARY)
-    spellings = spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other"))
+    spellings = b.keep(spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other")))
     # One join with the dictionary, kept: the check and the append both read it, and `limit` runs a job per few
     # partitions, each of which redid the join.
     if table_exists(uri):
-        spellings = spellings.join(b.read(tables.TERM_DICTIONARY).withColumnRenamed("term", "known"), "term_id", "left")
+        n = spellings.count()
+        if n <= BROADCAST_ROWS:
+            # A night's terms go to every task and the dictionary streams past them: the corpus-sized table is read,
+            # not shuffled (an outer join would shuffle it, whichever side is small).
+            known = b.read(tables.TERM_DICTIONARY).withColumnRenamed("term", "known").join(
+                F.broadcast(spellings.select("term_id")), "term_id")
+            spellings = spellings.join(_small(known, n), "term_id", "left")
+        else:
+            spellings = spellings.join(b.read(tables.TERM_DICTIONARY).withColumnRenamed("term", "known"), "term_id",
+                                       "left")
     else:
         spellings = spellings.withColumn("known", F.lit(None).cast("string"))
     spellings = b.keep(spellings)
@@ -739,8 +748,11 @@ def original_df(b: Build, current: DataFrame, base: dict | None,
     changed = _require_analysis(b, came_went, "documents whose content came or went")
     if b.enrichment is None:  # with enrichment, injections can change without the content: see `Build.changed`
         b.changed, b.changed_rows = changed, changed.count()
+    # d_cf too: in a plain build the documents whose content moved are those entering and leaving, so this is the
+    # whole change of term_stats (`term_statistics` takes it as is).
     delta = b.keep(_term_counts(changed, keep=("sign",)).groupBy("term_id")
-                   .agg(F.sum("sign").cast("long").alias("d_df")))
+                   .agg(F.sum("sign").cast("long").alias("d_df"),
+                        F.sum(F.col("sign") * F.col("tf")).cast("long").alias("d_cf")))
     base_df = b.read(tables.TERM_STATS).where(F.col("index_version") == base["index_version"]).select("term_id", "df")
     df = (base_df.join(delta, "term_id", "full_outer")
           .select("term_id", (F.coalesce("df", F.lit(0)) + F.coalesce("d_df", F.lit(0))).alias("df"))
@@ -920,14 +932,19 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
         total_terms = int(entering.agg(F.sum("doc_len")).first()[0] or 0)
     else:
         base = plan.base
-        leaving = _require_analysis(b, plan.leaving.select("doc_id", "content_hash", "inj_term_ids", "inj_tfs"),
-                                    "documents leaving")
-        moved = (_final_vectors(b, entering).withColumn("s", F.lit(1))
-                 .unionByName(_final_vectors(b, leaving).withColumn("s", F.lit(-1)))
-                 .groupBy("term_id").agg(F.sum("s").cast("long").alias("d_df_enriched"),
-                                         F.sum(F.col("s") * F.col("tf")).cast("long").alias("d_cf")))
-        moved = b.keep(moved.join(orig_delta, "term_id", "full_outer") if orig_delta is not None
-                       else moved.withColumn("d_df", F.lit(0).cast("long")))
+        if b.changed is not None and orig_delta is not None:
+            # Plain: what entered and left is what came and went (`plan_segments`), whose counts `original_df` took.
+            moved = orig_delta.withColumn("d_df_enriched", F.col("d_df"))
+        else:
+            leaving = _require_analysis(b, plan.leaving.select("doc_id", "content_hash", "inj_term_ids", "inj_tfs"),
+                                        "documents leaving")
+            moved = (_final_vectors(b, entering).withColumn("s", F.lit(1))
+                     .unionByName(_final_vectors(b, leaving).withColumn("s", F.lit(-1)))
+                     .groupBy("term_id").agg(F.sum("s").cast("long").alias("d_df_enriched"),
+                                             F.sum(F.col("s") * F.col("tf")).cast("long").alias("d_cf")))
+            moved = (moved.join(orig_delta.drop("d_cf"), "term_id", "full_outer") if orig_delta is not None
+                     else moved.withColumn("d_df", F.lit(0).cast("long")))
+        moved = b.keep(moved)
         n_moved = moved.count()
         before = b.read(tables.TERM_STATS).where(
             F.col("index_version") == base["index_version"]).drop("index_version")
@@ -942,7 +959,11 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
         # Each term that moved, with its df_enriched in the base (null: new to the index). Its counts give the new
         # version's number of terms (the base's, less those no document holds any more, plus the new ones some
         # document holds), so that the corpus-sized rows are read once more only, by the write.
-        met = b.keep(moved.join(before.select("term_id", F.col("df_enriched").alias("base_dfe")), "term_id", "left"))
+        # (Few moved terms go to every task and the base's stream past them: no shuffle of the corpus-sized rows.)
+        known = b.keep(before.select("term_id", F.col("df_enriched").alias("base_dfe"))
+                       .join(_small(moved, n_moved), "term_id"))
+        met = known.unionByName(moved.join(_small(known.select("term_id"), n_moved), "term_id", "left_anti")
+                                .withColumn("base_dfe", F.lit(None).cast("long")))
         is_new, after = F.col("base_dfe").isNull(), F.coalesce("base_dfe", zero) + F.coalesce("d_df_enriched", zero)
         counts = met.agg(F.count(F.when(is_new, 1)).alias("new"), F.count(F.when(~is_new & (after <= 0), 1)).alias(
             "vanished"), F.count(F.when(is_new & (after > 0), 1)).alias("new_held")).first()

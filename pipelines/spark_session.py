@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from pyspark.sql import SparkSession
 
@@ -59,3 +60,19 @@ def _env_conf() -> dict[str, str]:
     """SIRA_SPARK_CONF='k1=v1,k2=v2' overrides the defaults without code changes."""
     raw = os.environ.get("SIRA_SPARK_CONF", "")
     return dict(item.split("=", 1) for item in raw.split(",") if "=" in item)
+
+
+def start_in_background(master: str = DEFAULT_SPARK_MASTER, app_name: str = "sira") -> Future:
+    """`get_spark` on a thread of its own, for a job that has other work to do first (a night's ingest): the JVM's
+    start and Delta's jar resolution overlap that work. The caller takes the session with `.result()` and stops it."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start")
+    try:
+        return pool.submit(get_spark, master, app_name)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with the start; nothing else runs on it
+
+
+def stop_started(session: Future | None) -> None:
+    """Stop a session from `start_in_background` once its start has ended (a failed start has nothing to stop)."""
+    if session is not None and session.exception() is None:
+        session.result().stop()
