@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sira.pipelines.delta_io import CHANGE_DATA_FEED, records_changes, table_exists, table_version, write_stream
 from sira.pipelines.warehouse_info import task_at_ingest
 from sira.core import tables
-from sira.core.datasets import RecordError, parse_record, resolve_corpus
+from sira.core.datasets import RawRecord, RecordError, parse_batch, parse_record, resolve_corpus
 from sira.core.enrichment import check_task
 
 
@@ -66,6 +66,15 @@ def content_hash(title: str, text: str) -> str:
     return hashlib.blake2b(f"{title}\x1f{text}".encode("utf-8"), digest_size=16).hexdigest()
 
 
+def _blake2b_each(strings: pa.Array) -> list[bytes]:
+    """The 16-byte blake2b digest of each value of a string array (no nulls), from its UTF-8 bytes as they lie in
+    Arrow's buffer: `content_hash` and the id fingerprints without a Python string per value."""
+    strings = strings.cast(pa.string())
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32)[strings.offset: strings.offset + len(strings) + 1]
+    data = memoryview(strings.buffers()[2] or b"")
+    return [hashlib.blake2b(data[a:b], digest_size=16).digest() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
 class _DuplicateIds:
     """Which records repeat the id of an earlier valid one, in memory bounded by one bucket, not by the source.
 
@@ -86,6 +95,13 @@ class _DuplicateIds:
     def add(self, doc_id: str, record: int) -> None:
         self._fingerprints += hashlib.blake2b(doc_id.encode("utf-8"), digest_size=16).digest()
         self._records.append(record)
+        if len(self._records) >= self.FLUSH_RECORDS:
+            self._flush()
+
+    def add_fingerprints(self, fingerprints: list[bytes], records: np.ndarray) -> None:
+        """`add` for many ids at once, given their fingerprints (`_blake2b_each`)."""
+        self._fingerprints += b"".join(fingerprints)
+        self._records.extend(records.tolist())
         if len(self._records) >= self.FLUSH_RECORDS:
             self._flush()
 
@@ -170,26 +186,70 @@ class _Snapshot:
     def _spool_valid(self) -> tuple[np.ndarray, np.ndarray]:
         """First pass: reject the invalid records, spool the valid ones' rows (with their record numbers) to an
         Arrow file, and return `_DuplicateIds.duplicates` of their ids."""
-        rows = {name: [] for name in SPOOL_SCHEMA.names}
         with pa.ipc.new_file(str(self.rows_path), SPOOL_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="lz4")) as out, \
                 self.progress(f"ingest {self.source.name}", None, "records") as advance:
-            for raw in self.source.records():
-                self.read += 1
-                advance(1)
-                try:
-                    doc_id, title, text = parse_record(raw)
-                except RecordError as exc:
-                    self._reject(raw, None, str(exc))
-                    continue
-                self._ids.add(doc_id, raw.record)
-                for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), self.now, raw.record)):
-                    rows[name].append(value)
-                if len(rows["doc_id"]) >= self.cfg.batch_size:
-                    out.write_batch(pa.RecordBatch.from_pydict(rows, schema=SPOOL_SCHEMA))
-                    rows = {name: [] for name in rows}
-            if rows["doc_id"]:
-                out.write_batch(pa.RecordBatch.from_pydict(rows, schema=SPOOL_SCHEMA))
+            rows = self._columnar_rows(advance) if self.source.kind == "parquet" else self._record_rows(advance)
+            for batch in rows:
+                out.write_batch(batch)
         return self._ids.duplicates()
+
+    def _record_rows(self, advance: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+        """The valid records of a line source, parsed one by one, in batches of the spool's schema."""
+        rows: dict[str, list] = {name: [] for name in SPOOL_SCHEMA.names}
+        for raw in self.source.records():
+            self.read += 1
+            advance(1)
+            try:
+                doc_id, title, text = parse_record(raw)
+            except RecordError as exc:
+                self._reject(raw, None, str(exc))
+                continue
+            self._ids.add(doc_id, raw.record)
+            for name, value in zip(rows, (doc_id, title, text, content_hash(title, text), self.now, raw.record)):
+                rows[name].append(value)
+            if len(rows["doc_id"]) >= self.cfg.batch_size:
+                yield pa.RecordBatch.from_pydict(rows, schema=SPOOL_SCHEMA)
+                rows = {name: [] for name in rows}
+        if rows["doc_id"]:
+            yield pa.RecordBatch.from_pydict(rows, schema=SPOOL_SCHEMA)
+
+    def _columnar_rows(self, advance: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+        """The valid records of a columnar source, a batch at a time: `parse_batch` vouches for most rows at once,
+        `parse_record` sees the others (and names the problem of those it rejects); rows stay in record order, and
+        the texts stay in Arrow (hashed from their UTF-8 bytes, never made Python strings)."""
+        src = str(self.source.path)
+        for first, batch in self.source.batches():
+            n = batch.num_rows
+            self.read += n
+            advance(n)
+            ok, ids, titles, texts = parse_batch(batch)
+            fast = pa.array(ok)
+            ids, titles, texts = ids.filter(fast), titles.filter(fast), texts.filter(fast)
+            records = first + np.flatnonzero(ok)
+            slow = np.flatnonzero(~ok)
+            if len(slow):
+                parsed, kept = [], []
+                for i, obj in zip(slow, batch.take(pa.array(slow)).to_pylist()):
+                    raw = RawRecord(src, first + int(i), obj)
+                    try:
+                        parsed.append(parse_record(raw))
+                    except RecordError as exc:
+                        self._reject(raw, None, str(exc))
+                        continue
+                    kept.append(raw.record)
+                if parsed:
+                    ids, titles, texts = (pa.concat_arrays([a, pa.array(list(col), pa.string())])
+                                          for a, col in zip((ids, titles, texts), zip(*parsed)))
+                    records = np.concatenate([records, np.array(kept, dtype=np.int64)])
+                    order = pa.array(np.argsort(records, kind="stable"))
+                    ids, titles, texts, records = ids.take(order), titles.take(order), texts.take(order), \
+                        records[order.to_numpy()]
+            self._ids.add_fingerprints(_blake2b_each(ids), records)
+            hashes = [d.hex() for d in _blake2b_each(pc.binary_join_element_wise(titles, texts, "\x1f"))]
+            yield pa.RecordBatch.from_arrays(
+                [ids, titles, texts, pa.array(hashes, pa.string()),
+                 pa.array([self.now] * len(ids), SPOOL_SCHEMA.field("ingested_at").type), pa.array(records)],
+                schema=SPOOL_SCHEMA)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The valid records' rows, less those that repeat an earlier record's id (rejected, with their raw

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,10 +47,18 @@ START_TIMEOUT_S = 180
 JOB_TIMEOUT_S = 600
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: each socket stays bound until all are picked, or a port closed a moment ago may come
+    back twice (a master's web UI and a worker's once shared one, and the master's JSON came from the worker)."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def session_processes(sid: int) -> list[psutil.Process]:
@@ -135,7 +143,7 @@ def spark_standalone(tmp_path):
     """A master and one worker (1 core, 1 GiB) on 127.0.0.1. The worker gets this process's environment, so its
     executors' Python workers import sira from the same place the tests do, as on nodes where the package is
     installed."""
-    port, web = free_port(), free_port()
+    port, web, worker_web = free_ports(3)
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "512m",
            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
     url = f"spark://127.0.0.1:{port}"
@@ -156,7 +164,7 @@ def spark_standalone(tmp_path):
     worker = None
     try:
         worker = start_daemon([SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                               "--webui-port", str(free_port()), "--cores", "1", "--memory", "1g",
+                               "--webui-port", str(worker_web), "--cores", "1", "--memory", "1g",
                                "--work-dir", str(work)], env, worker_log)
         wait_until(worker_alive, "the Spark worker", worker_log)
         yield SimpleNamespace(url=url, state=state, work=work)
@@ -216,11 +224,11 @@ def ray_head():
     root = Path(tempfile.mkdtemp(prefix="sira-ray-", dir="/tmp"))
     token = secrets.token_hex(32)
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    port = free_port()
+    port, agent_port = free_ports(2)
     log = root / "head.log"
     head = start_daemon([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
                          "--num-cpus", "2", "--object-store-memory", str(256 * 1024**2), "--include-dashboard",
-                         "false", "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats"],
+                         "false", "--dashboard-agent-listen-port", str(agent_port), "--disable-usage-stats"],
                         {**JOB_ENV, **LOOPBACK_RAY, **auth, "RAY_TMPDIR": str(root)}, log)
     try:
         assert head.wait(timeout=START_TIMEOUT_S) == 0, log.read_text()

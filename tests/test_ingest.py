@@ -89,6 +89,50 @@ def test_gzipped_jsonl_and_parquet_sources(tmp_path):
     assert (s["kept"], s["rejected"]) == (2, 1)
 
 
+# Rows at the edges of parse_record's rules: the columnar path (Parquet) must keep and reject what the record path
+# (JSONL) does, with the same reasons, ids, texts and record numbers.
+EDGE_ROWS = [
+    {"_id": "a", "id": None, "title": "T", "text": "plain", "contents": None},
+    {"_id": None, "id": "from-id", "title": None, "text": "the second id column", "contents": None},
+    {"_id": " \x1f ", "id": "blank-first", "title": "", "text": "a blank first id", "contents": None},
+    {"_id": None, "id": None, "title": "orphan", "text": "no id at all", "contents": None},
+    {"_id": "x" * 1001, "id": None, "title": "", "text": "an id too long", "contents": None},
+    {"_id": "c", "id": None, "title": "", "text": None, "contents": "from contents"},
+    {"_id": "d", "id": None, "title": "\u3000", "text": "\x1c\u2003 \x85", "contents": None},
+    {"_id": "e", "id": None, "title": "title only", "text": "", "contents": None},
+    {"_id": "a", "id": None, "title": "again", "text": "a repeated id", "contents": None},
+    {"_id": "f", "id": None, "title": None, "text": " caf\u00e9 \U0001f600 ", "contents": None},
+]
+
+
+def test_parquet_rows_are_kept_and_rejected_as_the_same_jsonl_records_are(tmp_path):
+    jsonl = write_lines(tmp_path / "edge.jsonl", [json.dumps(r).encode() for r in EDGE_ROWS])
+    parquet = tmp_path / "edge.parquet"
+    pq.write_table(pa.Table.from_pylist(EDGE_ROWS), parquet)
+    outcomes = []
+    for src in (jsonl, parquet):
+        wh = str(tmp_path / f"wh-{src.suffix}")
+        summary = run(IngestConfig(source=str(src), warehouse=wh))
+        docs = sorted((d["doc_id"], d["title"], d["text"], d["content_hash"]) for d in read_table(f"{wh}/docs").to_pylist())
+        rejected = sorted((r["record"], r["reason"]) for r in read_table(f"{wh}/rejected").to_pylist())
+        outcomes.append((summary["read"], summary["kept"], docs, rejected))
+    assert outcomes[0] == outcomes[1]
+    read, kept, docs, rejected = outcomes[1]
+    assert (read, kept) == (10, 6)
+    assert [d[0] for d in docs] == ["a", "blank-first", "c", "e", "f", "from-id"]
+    assert [r[0] for r in rejected] == [4, 5, 7, 9]
+
+
+def test_integer_ids_of_a_parquet_source_become_their_decimal_text(tmp_path):
+    pq.write_table(pa.table({"id": pa.array([7, None, -3], pa.int64()), "text": ["seven", "none", "minus three"]}),
+                   tmp_path / "ints.parquet")
+    wh = str(tmp_path / "wh")
+    summary = run(IngestConfig(source=str(tmp_path / "ints.parquet"), warehouse=wh))
+    assert (summary["kept"], summary["rejected"]) == (2, 1)
+    assert sorted(d["doc_id"] for d in read_table(f"{wh}/docs").to_pylist()) == ["-3", "7"]
+    assert [r["reason"] for r in read_table(f"{wh}/rejected").to_pylist()] == ["missing id (one of _id, doc_id, id, docid)"]
+
+
 def test_beir_folder_source(tiny_beir, tmp_path):
     s = run(IngestConfig(source=str(tiny_beir), warehouse=str(tmp_path / "wh")))
     assert (s["read"], s["kept"], s["rejected"]) == (12, 12, 0)
