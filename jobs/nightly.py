@@ -71,7 +71,7 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
     from sira.pipelines.retention import expire_versions
     from sira.pipelines.spark_session import stop_started
 
-    tracker = Tracker(cfg.tracking)
+    tracker = Tracker(cfg.tracking, defer=True)  # MLflow loads once ingest is done (below)
     started = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -90,10 +90,11 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
         return out
 
     with tracker.run(f"nightly {cfg.warehouse}", params=cfg,
-                     tags={"sira.job": "nightly", "sira.warehouse": cfg.warehouse}) as parent_id:
+                     tags={"sira.job": "nightly", "sira.warehouse": cfg.warehouse}) as parent:
         ingest = step("ingest", lambda: ingest_job.run(IngestConfig(
             source=cfg.source, warehouse=cfg.warehouse, mode="merge", max_delete_fraction=cfg.max_delete_fraction, task=cfg.task)),
             lambda s: {**s["changes"], "read": s["read"], "rejected": s["rejected"]})
+        tracker.connect()  # from here the driver's Python mostly waits on the JVM: MLflow loads beside it
         changes = ingest["changes"]
         console.log(f"ingest: {changes['inserted']} inserted, {changes['updated']} updated, {changes['deleted']} "
                     f"deleted, {changes['unchanged']} unchanged, {ingest['rejected']} rejected")
@@ -133,5 +134,5 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
         "kept_versions": retention["kept_versions"],
         "step_seconds": seconds,
         "seconds": total,
-        "mlflow_run_id": parent_id,
+        "mlflow_run_id": parent.id,
     }

@@ -202,7 +202,7 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
 
     with tracker.run(f"run {dataset.name}/{cfg.split}", params=cfg,
                      tags={"sira.job": "run", "sira.dataset": dataset.name, "sira.split": cfg.split,
-                           "sira.command": cfg.command()}) as parent_id:
+                           "sira.command": cfg.command()}) as parent:
         plain = stage("index (plain)", lambda: ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards,
                                                             cfg.spark_master, log=console.log, progress=progress_bar))
         # The index each variant searches: enrichment is asked for once, here, and its index handed to every variant.
@@ -226,7 +226,7 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
                                        doc_backend=cfg.corpus_backend,
                                        rerank=cfg.rerank if variant == RERANK_VARIANT else None)
             with tracker.run(f"{dataset.name}/{variant}", params=ecfg, nested=True,
-                             tags={"sira.dataset": dataset.name, "sira.variant": variant}) as child_id:
+                             tags={"sira.dataset": dataset.name, "sira.variant": variant}) as child:
                 summary = stage(f"evaluate {variant}", lambda: eval_job.run(ecfg, indexes[ecfg.enriched]))
                 tracker.metrics(summary["metrics"])
                 tracker.metrics({"queries_per_second": summary.get("queries_per_second")})
@@ -242,14 +242,14 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
                                     prefix="rerank.")
                 tracker.artifact(summary["run_file"], "runs")
                 tracker.artifact(summary["programs_file"], "programs")
-                results[variant] = {**summary, "mlflow_run_id": child_id}
+                results[variant] = {**summary, "mlflow_run_id": child.id}
         report = comparison_markdown(dataset.name, cfg.split, results)
         seconds = time.perf_counter() - started
         tracker.metrics({"seconds": seconds})
         tracker.text_artifact(report, "report.md")
     out = {"dataset": dataset.name, "split": cfg.split, "warehouse": warehouse, "variants": results,
            "enrichment": enrich_summary, "stage_seconds": timings, "seconds": seconds,
-           "mlflow_run_id": parent_id, "tracking_uri": cfg.tracking.resolved_uri() if cfg.tracking.enabled else None}
+           "mlflow_run_id": parent.id, "tracking_uri": cfg.tracking.resolved_uri() if cfg.tracking.enabled else None}
     Path(warehouse).mkdir(parents=True, exist_ok=True)
     (Path(warehouse) / f"run-{dataset.name}-{cfg.split}.md").write_text(report, encoding="utf-8")
     return out

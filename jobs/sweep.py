@@ -83,27 +83,27 @@ def run(cfg: SweepConfig) -> dict:
     tracker = Tracker(cfg.tracking)
     started = time.perf_counter()
     tried = []
-    with tracker.run(f"sweep {cfg.dataset}/{cfg.variant}", params=cfg, tags={"sira.job": "sweep"}) as parent_id:
+    with tracker.run(f"sweep {cfg.dataset}/{cfg.variant}", params=cfg, tags={"sira.job": "sweep"}) as parent:
         for i, point in enumerate(grid, 1):
             ecfg = _eval_config(cfg, point, cfg.split)
             console.rule(f"[bold]{i}/{len(grid)} {point} on {cfg.split}")
             with tracker.run(f"{cfg.split} {point}", params=ecfg, nested=True,
-                             tags={"sira.split": cfg.split, "sira.role": "selection"}) as child_id:
+                             tags={"sira.split": cfg.split, "sira.role": "selection"}) as child:
                 summary = eval_job.run(ecfg)
                 tracker.metrics(summary["metrics"])
-            tried.append({"point": point, "metrics": summary["metrics"], "mlflow_run_id": child_id})
+            tried.append({"point": point, "metrics": summary["metrics"], "mlflow_run_id": child.id})
         # Ties go to the earlier point of the sorted grid, so the choice is deterministic.
         best = max(tried, key=lambda t: t["metrics"][cfg.metric])
         tracker.metrics({f"selected.{k}": v for k, v in best["point"].items()})
         ecfg = _eval_config(cfg, best["point"], cfg.test_split)
         console.rule(f"[bold]selected {best['point']}: once on {cfg.test_split}")
         with tracker.run(f"{cfg.test_split} {best['point']}", params=ecfg, nested=True,
-                         tags={"sira.split": cfg.test_split, "sira.role": "final"}) as test_id:
+                         tags={"sira.split": cfg.test_split, "sira.role": "final"}) as final:
             test = eval_job.run(ecfg)
             tracker.metrics(test["metrics"])
             tracker.artifact(test["run_file"], "runs")
         tracker.metrics({f"test.{k}": v for k, v in test["metrics"].items()})
     return {"dataset": cfg.dataset, "variant": cfg.variant, "split": cfg.split, "metric": cfg.metric,
             "tried": tried, "selected": best["point"], "selected_on": best["metrics"],
-            "test": {"split": cfg.test_split, "metrics": test["metrics"], "mlflow_run_id": test_id},
-            "mlflow_run_id": parent_id, "seconds": time.perf_counter() - started}
+            "test": {"split": cfg.test_split, "metrics": test["metrics"], "mlflow_run_id": final.id},
+            "mlflow_run_id": parent.id, "seconds": time.perf_counter() - started}

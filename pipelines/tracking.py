@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from contextlib import contextmanager
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -67,63 +70,154 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
-class Tracker:
-    """Thin wrapper over the MLflow fluent API; a disabled tracker accepts every call and records nothing."""
+class TrackedRun:
+    """A run started by `Tracker.run`: its id once MLflow has created it (None when tracking is off)."""
 
-    def __init__(self, cfg: TrackingConfig | None = None):
+    def __init__(self, tracker: "Tracker | None" = None, created: Future | None = None):
+        self._tracker, self._created = tracker, created
+
+    @property
+    def id(self) -> str | None:
+        return self._tracker._result(self._created) if self._created is not None else None
+
+
+class Tracker:
+    """MLflow's client off the job's critical path. Importing MLflow and opening its store take 5-10 s of CPU, so one
+    worker thread makes every MLflow call, in order, while the job goes on: a run's start and end times and each
+    metric's timestamp are taken when the job calls, not when the thread gets to them. The job waits for the thread
+    only for a run's id, an artifact file, and when its outermost run ends, where a tracking error is raised. With
+    `defer`, the thread starts loading MLflow only at `connect()` (or when something waits for it): a job whose first
+    step keeps its Python thread busy (a night's ingest) calls it when the driver's Python is idle, as while the
+    JVM builds an index; two CPU-bound threads would slow each other down on the GIL. A disabled tracker accepts
+    every call and records nothing."""
+
+    def __init__(self, cfg: TrackingConfig | None = None, defer: bool = False):
         self.cfg = cfg or TrackingConfig()
         self.enabled = self.cfg.enabled
-        self.experiment_id: str | None = None
+        self._open: list[Future] = []  # ids of the runs started and not yet ended, innermost last
+        self._go = threading.Event()
+        if not defer:
+            self._go.set()
         if not self.enabled:
             return
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
+        self._connected = self._worker.submit(self._connect, self._go, self.cfg.resolved_uri(), self.cfg.experiment,
+                                              self.cfg.artifact_location())
+
+    def connect(self) -> None:
+        """Let a deferred tracker load MLflow now."""
+        self._go.set()
+
+    @staticmethod
+    def _connect(go: threading.Event, uri: str, experiment: str, artifact_location: str | None):
+        go.wait()
         import logging
 
-        import mlflow
         from mlflow.tracking import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no migration chatter on every start
         logging.getLogger("alembic").setLevel(logging.WARNING)
-        mlflow.set_tracking_uri(self.cfg.resolved_uri())
-        client = MlflowClient()
-        exp = client.get_experiment_by_name(self.cfg.experiment)
-        self.experiment_id = exp.experiment_id if exp else client.create_experiment(
-            self.cfg.experiment, artifact_location=self.cfg.artifact_location())
-        self._mlflow = mlflow
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        return client, exp.experiment_id if exp else client.create_experiment(experiment, artifact_location=artifact_location)
+
+    def _submit(self, fn, *args) -> Future:
+        """fn(client, experiment_id, *args) on the worker, after every earlier call; an earlier failure fails it too."""
+        def call():
+            client, experiment_id = self._connected.result()
+            return fn(client, experiment_id, *[a.result() if isinstance(a, Future) else a for a in args])
+        return self._worker.submit(call)
+
+    def _result(self, future: Future):
+        self._go.set()  # nothing waits on a deferred start
+        return future.result()
+
+    def _wait(self) -> None:
+        """Block until every call so far is done; raise the first that failed."""
+        self._result(self._submit(lambda client, experiment_id: None))
+
+    @staticmethod
+    def _create(client, experiment_id: str, name: str, start_ms: int, tags: dict, parent_id: str | None,
+                params: dict[str, str]) -> str:
+        from mlflow.entities import Param
+        from mlflow.tracking.context.registry import resolve_tags
+
+        if parent_id is not None:
+            tags = {**tags, "mlflow.parentRunId": parent_id}
+        run_id = client.create_run(experiment_id, start_time=start_ms, tags=resolve_tags(tags),
+                                   run_name=name).info.run_id
+        items = list(params.items())
+        for start in range(0, len(items), 100):  # MLflow takes at most 100 params per call
+            client.log_batch(run_id, params=[Param(k, v) for k, v in items[start : start + 100]])
+        return run_id
 
     @contextmanager
     def run(self, name: str, params: Mapping[str, Any] | BaseModel | None = None,
-            tags: Mapping[str, str] | None = None, nested: bool = False) -> Iterator[str | None]:
-        """Start a (nested) run; yields its run id (None when disabled)."""
+            tags: Mapping[str, str] | None = None, nested: bool = False) -> Iterator[TrackedRun]:
+        """Start a run (a child of the innermost open one when `nested`); yields it (its `id` waits for MLflow)."""
         if not self.enabled:
-            yield None
+            yield TrackedRun()
             return
-        with self._mlflow.start_run(run_name=name, experiment_id=self.experiment_id, nested=nested,
-                                    tags=dict(tags or {})) as active:
-            if params is not None:
-                flat = flatten(params)
-                for start in range(0, len(flat), 100):  # MLflow takes at most 100 params per call
-                    self._mlflow.log_params(dict(list(flat.items())[start : start + 100]))
-            yield active.info.run_id
+        parent = self._open[-1] if nested and self._open else None
+        created = self._submit(self._create, name, _now_ms(), dict(tags or {}), parent,
+                               flatten(params) if params is not None else {})
+        self._open.append(created)
+        status = "FAILED"
+        try:
+            yield TrackedRun(self, created)
+            status = "FINISHED"
+        finally:
+            self._open.pop()
+            self._submit(lambda client, _, run_id, end_ms: client.set_terminated(run_id, status, end_ms),
+                         created, _now_ms())
+            if not self._open:
+                if status == "FINISHED":
+                    self._wait()
+                else:  # the job's own error is the one raised
+                    with suppress(Exception):
+                        self._wait()
+
+    def _current(self) -> Future:
+        if not self._open:
+            raise RuntimeError("no tracked run is open")
+        return self._open[-1]
 
     def metrics(self, values: Mapping[str, float | int | None], prefix: str = "") -> None:
         if self.enabled:
             clean = {metric_name(prefix + k): float(v) for k, v in values.items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
             if clean:
-                self._mlflow.log_metrics(clean)
+                from_job = _now_ms()
+
+                def log(client, _, run_id):
+                    from mlflow.entities import Metric
+                    client.log_batch(run_id, metrics=[Metric(k, v, from_job, 0) for k, v in clean.items()])
+                self._submit(log, self._current())
 
     def artifact(self, path: str | Path, folder: str | None = None) -> None:
         if self.enabled and Path(path).exists():
-            self._mlflow.log_artifact(str(path), artifact_path=folder)
+            # Waited for: the job may move or delete the file once this returns.
+            self._result(self._submit(
+                lambda client, _, run_id: client.log_artifact(run_id, str(path), artifact_path=folder), self._current()))
 
     def json_artifact(self, obj: Any, name: str) -> None:
         if self.enabled:
-            self._mlflow.log_dict(json.loads(json.dumps(obj, default=str)), name)
+            data = json.loads(json.dumps(obj, default=str))  # as it is now, not when the worker gets to it
+            self._submit(lambda client, _, run_id: client.log_dict(run_id, data, name), self._current())
 
     def text_artifact(self, text: str, name: str) -> None:
         if self.enabled:
-            self._mlflow.log_text(text, name)
+            self._submit(lambda client, _, run_id: client.log_text(run_id, text, name), self._current())
 
     def tags(self, values: Mapping[str, str]) -> None:
         if self.enabled:
-            self._mlflow.set_tags(dict(values))
+            given = dict(values)
+
+            def tag(client, _, run_id):
+                for k, v in given.items():
+                    client.set_tag(run_id, k, v)
+            self._submit(tag, self._current())
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
