@@ -143,10 +143,11 @@ class _DuplicateIds:
 class _Snapshot:
     """The source's valid records as Arrow batches, with the rejects and counts it saw.
 
-    Memory does not grow with the source: the valid records' rows are spooled to an Arrow file in `spool` while
-    their ids go through `_DuplicateIds` (on disk), then read back in batches less the repeats; rejects are spooled
-    to a Parquet file there too (a source of nothing but bad records is as big as a good one). What memory holds per
-    record is 16 bytes per repeated id only; the spool needs about the corpus's size on disk (lz4)."""
+    Memory does not grow with the source: the valid records' rows are spooled to an Arrow file in `spool` (a
+    MERGE's, only the new or changed ones: `spool_only`) while their ids go through `_DuplicateIds` (on disk), then
+    read back in batches less the repeats; rejects are spooled to a Parquet file there too (a source of nothing but
+    bad records is as big as a good one). What memory holds per record is 16 bytes per repeated id only; the spool
+    needs about the corpus's size on disk (lz4)."""
 
     def __init__(self, cfg: IngestConfig, spool: Path, progress: Progress):
         self.cfg = cfg
@@ -155,8 +156,12 @@ class _Snapshot:
         self.now = datetime.now(timezone.utc)
         self._ids = _DuplicateIds(spool / "ids")
         self.rows_path = spool / "valid.arrow"
-        self.kept = 0
+        self.kept = 0  # valid records less the repeats of an earlier record's id, once the first pass is done
         self.read = 0
+        self.valid = 0
+        # When set (a MERGE), the first pass meets the records with the docs table in tables of MERGE_BATCH_ROWS and
+        # spools only the rows this mask keeps: the new or changed ones, not the corpus's texts.
+        self.spool_only: Callable[[pa.Table], pa.Array] | None = None
         self.rejects_path = spool / "rejected.parquet"
         self._rejects = pq.ParquetWriter(self.rejects_path, tables.REJECTED_SCHEMA)
         self._pending: list[dict] = []
@@ -188,10 +193,19 @@ class _Snapshot:
         Arrow file, and return `_DuplicateIds.duplicates` of their ids."""
         with pa.ipc.new_file(str(self.rows_path), SPOOL_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="lz4")) as out, \
                 self.progress(f"ingest {self.source.name}", None, "records") as advance:
-            rows = self._columnar_rows(advance) if self.source.kind == "parquet" else self._record_rows(advance)
+            rows = self._counted(self._columnar_rows(advance) if self.source.kind == "parquet"
+                                 else self._record_rows(advance))
+            if self.spool_only is not None:
+                rows = (batch for table in _rebatch(rows, MERGE_BATCH_ROWS)
+                        for batch in table.filter(self.spool_only(table)).to_batches())
             for batch in rows:
                 out.write_batch(batch)
         return self._ids.duplicates()
+
+    def _counted(self, rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in rows:
+            self.valid += batch.num_rows
+            yield batch
 
     def _record_rows(self, advance: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
         """The valid records of a line source, parsed one by one, in batches of the spool's schema."""
@@ -255,13 +269,13 @@ class _Snapshot:
         """The valid records' rows, less those that repeat an earlier record's id (rejected, with their raw
         record, from a second read of the source: only when there are any)."""
         repeats, firsts = self._spool_valid()
+        self.kept = self.valid - len(repeats)  # every repeat is a valid record's
         with pa.OSFile(str(self.rows_path)) as spooled:  # read, not mapped: the spool's pages are not held
             reader = pa.ipc.open_file(spooled)
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)
                 if len(repeats):
                     batch = batch.filter(pa.array(~np.isin(batch.column("record").to_numpy(), repeats)))
-                self.kept += batch.num_rows
                 yield batch.select(tables.DOCS_SCHEMA.names).cast(tables.DOCS_SCHEMA)
         self.rows_path.unlink()
         if len(repeats):
@@ -300,23 +314,34 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
     current = current.rename_columns(["doc_id", "current_hash"]).append_column(
         "_row", pa.array(np.arange(current.num_rows, dtype=np.int64)))
     seen = np.zeros(current.num_rows, dtype=bool)
+
+    def meet(table: pa.Table) -> tuple[pa.Table, pa.Array]:
+        """The rows' keys joined with the table's (the texts are not copied through the join), each with its
+        position in `table`; and whether each joined row is new or changed (a new one has no current hash: its
+        comparison is null, which counts as a change here)."""
+        keys = table.select(["doc_id", "content_hash"]).append_column(
+            "_pos", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        joined = keys.join(current, "doc_id", join_type="left outer")
+        return joined, pc.fill_null(pc.not_equal(joined.column("content_hash"), joined.column("current_hash")), True)
+
+    def new_or_changed(table: pa.Table) -> pa.Array:
+        # First pass, every valid record: the table's documents it holds are seen (what is left unseen went).
+        joined, differs = meet(table)
+        seen[pc.drop_null(joined.column("_row")).to_numpy()] = True
+        keep = np.zeros(table.num_rows, dtype=bool)
+        keep[joined.filter(differs).column("_pos").to_numpy()] = True
+        return pa.array(keep)
+
+    snapshot.spool_only = new_or_changed
     changes_path = spool / "changes.parquet"
     schema = pa.schema([f.with_nullable(True) for f in tables.DOCS_SCHEMA] + [pa.field("_op", pa.string())])
     inserted = updated = 0
     with pq.ParquetWriter(changes_path, schema) as changes:
+        # Second pass: only the new or changed rows come back (less the repeats of an earlier record's id).
         for batch in _rebatch(snapshot.batches(), MERGE_BATCH_ROWS):
-            # The keys alone meet the table's (the texts are not copied through the join); changed rows are taken after.
-            keys = batch.select(["doc_id", "content_hash"]).append_column(
-                "_pos", pa.array(np.arange(batch.num_rows, dtype=np.int64)))
-            joined = keys.join(current, "doc_id", join_type="left outer")
-            rows = joined.column("_row")
-            seen[pc.drop_null(rows).to_numpy()] = True
-            new = pc.is_null(rows)
-            # A new document has no current hash: its comparison is null, which counts as a change here.
-            differs = pc.fill_null(pc.not_equal(joined.column("content_hash"), joined.column("current_hash")), True)
-            changed = np.sort(joined.filter(differs).column("_pos").to_numpy())
-            upserts = batch.take(pa.array(changed)).select(tables.DOCS_SCHEMA.names)
-            n_new = pc.sum(new.cast(pa.int64())).as_py() or 0
+            joined, _ = meet(batch)
+            upserts = batch.select(tables.DOCS_SCHEMA.names)
+            n_new = pc.sum(pc.is_null(joined.column("_row")).cast(pa.int64())).as_py() or 0
             inserted, updated = inserted + n_new, updated + upserts.num_rows - n_new
             changes.write_table(upserts.append_column("_op", pa.array(["upsert"] * upserts.num_rows)).cast(schema))
         gone = current.filter(pa.array(~seen)).column("doc_id")

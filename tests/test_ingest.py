@@ -185,6 +185,30 @@ def test_a_merge_makes_the_table_equal_the_snapshot_and_keeps_unchanged_rows(tmp
     assert len(unchanged) == 16 and all(after[d] == before[d] for d in unchanged)  # ingested_at kept too
 
 
+def test_a_merge_keeps_the_first_of_repeated_ids_whichever_of_them_changed(tmp_path, monkeypatch):
+    import sira.pipelines.ingest as ingest_module
+
+    # Only new or changed rows are spooled between the passes: a repeat's first record may be unchanged (not
+    # spooled) while the repeat differs (spooled), or the other way round; the first record wins either way.
+    monkeypatch.setattr(ingest_module, "MERGE_BATCH_ROWS", 3)
+    wh = str(tmp_path / "wh")
+    night1 = [{"_id": str(i), "text": f"document {i}"} for i in range(8)]
+    as_lines = lambda docs: [json.dumps(d).encode() for d in docs]  # noqa: E731
+    run(IngestConfig(source=str(write_lines(tmp_path / "n1.jsonl", as_lines(night1))), warehouse=wh))
+    night2 = [{"_id": "4", "text": "document 4 changed"}] + night1 + [
+        {"_id": "0", "text": "a repeat that differs"}, {"_id": "new", "text": "a new one"},
+        {"_id": "new", "text": "a new one, repeated"}]
+    s = run(IngestConfig(source=str(write_lines(tmp_path / "n2.jsonl", as_lines(night2))), warehouse=wh,
+                         mode="merge"))
+    assert s["changes"] == {"inserted": 1, "updated": 1, "deleted": 0, "unchanged": 7}
+    assert (s["read"], s["kept"], s["rejected"]) == (12, 9, 3)
+    after = {r["doc_id"]: r["text"] for r in read_table(f"{wh}/docs").to_pylist()}
+    assert after == {**{d["_id"]: d["text"] for d in night1}, "4": "document 4 changed", "new": "a new one"}
+    rejected = read_table(f"{wh}/rejected").to_pylist()
+    assert sorted((r["record"], r["doc_id"]) for r in rejected) == [(6, "4"), (10, "0"), (12, "new")]
+    assert all(r["reason"].startswith("duplicate id") for r in rejected)
+
+
 def test_the_prompt_task_is_recorded_at_ingest_never_guessed_from_the_warehouse_name(tmp_path):
     from pydantic import ValidationError
 
