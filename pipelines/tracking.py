@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -95,22 +94,28 @@ class Tracker:
         self.cfg = cfg or TrackingConfig()
         self.enabled = self.cfg.enabled
         self._open: list[Future] = []  # ids of the runs started and not yet ended, innermost last
-        self._go = threading.Event()
-        if not defer:
-            self._go.set()
+        # Until connect(), calls wait here, not on the worker: a thread blocked waiting would hold up the
+        # interpreter's exit (it joins the worker) if the job never got to connect.
+        self._connected: Future | None = None
+        self._pending: list[tuple[Callable, Future]] = []
         if not self.enabled:
             return
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
-        self._connected = self._worker.submit(self._connect, self._go, self.cfg.resolved_uri(), self.cfg.experiment,
-                                              self.cfg.artifact_location())
+        if not defer:
+            self.connect()
 
     def connect(self) -> None:
-        """Let a deferred tracker load MLflow now."""
-        self._go.set()
+        """Load MLflow on the worker (a deferred tracker's, only now) and make the calls so far."""
+        if not self.enabled or self._connected is not None:
+            return
+        self._connected = self._worker.submit(self._open_store, self.cfg.resolved_uri(), self.cfg.experiment,
+                                              self.cfg.artifact_location())
+        for call, future in self._pending:
+            _chain(self._worker.submit(call), future)
+        self._pending = []
 
     @staticmethod
-    def _connect(go: threading.Event, uri: str, experiment: str, artifact_location: str | None):
-        go.wait()
+    def _open_store(uri: str, experiment: str, artifact_location: str | None):
         import logging
 
         from mlflow.tracking import MlflowClient
@@ -126,10 +131,14 @@ class Tracker:
         def call():
             client, experiment_id = self._connected.result()
             return fn(client, experiment_id, *[a.result() if isinstance(a, Future) else a for a in args])
-        return self._worker.submit(call)
+        if self._connected is not None:
+            return self._worker.submit(call)
+        future: Future = Future()
+        self._pending.append((call, future))
+        return future
 
     def _result(self, future: Future):
-        self._go.set()  # nothing waits on a deferred start
+        self.connect()  # nothing waits on a deferred start
         return future.result()
 
     def _wait(self) -> None:
@@ -221,3 +230,13 @@ class Tracker:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _chain(source: Future, target: Future) -> None:
+    """Settle `target` as `source` settles."""
+    def done(f: Future) -> None:
+        if f.exception() is not None:
+            target.set_exception(f.exception())
+        else:
+            target.set_result(f.result())
+    source.add_done_callback(done)

@@ -3,6 +3,8 @@ worker thread makes the calls."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -85,7 +87,7 @@ def test_a_deferred_tracker_loads_mlflow_only_when_asked_and_still_records_every
         with tracker.run("step", nested=True):
             tracker.metrics({"seconds": 2.0})
         time.sleep(0.2)
-        assert not tracker._connected.done()  # nothing asked for MLflow yet
+        assert tracker._connected is None  # nothing asked for MLflow yet
         tracker.connect()
         with tracker.run("later", nested=True):
             tracker.metrics({"seconds": 1.0})
@@ -93,3 +95,11 @@ def test_a_deferred_tracker_loads_mlflow_only_when_asked_and_still_records_every
     children = client.search_runs([client.get_run(parent.id).info.experiment_id],
                                   f"tags.`mlflow.parentRunId` = '{parent.id}'")
     assert sorted((r.info.run_name, r.data.metrics["seconds"]) for r in children) == [("later", 1.0), ("step", 2.0)]
+
+
+def test_a_deferred_tracker_that_never_ran_lets_the_process_exit(tracking, tmp_path):
+    # Nothing waits on the worker before connect(): an interpreter that never connected exits at once.
+    script = tmp_path / "never.py"
+    script.write_text("from sira.pipelines.tracking import Tracker, TrackingConfig\n"
+                      f"Tracker(TrackingConfig(tracking_uri={tracking.tracking_uri!r}), defer=True)\n")
+    subprocess.run([sys.executable, str(script)], check=True, timeout=60)
