@@ -98,6 +98,7 @@ class Tracker:
         # interpreter's exit (it joins the worker) if the job never got to connect.
         self._connected: Future | None = None
         self._pending: list[tuple[Callable, Future]] = []
+        self._calls: list[Future] = []  # every call not yet waited for, in order
         if not self.enabled:
             return
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
@@ -132,9 +133,11 @@ class Tracker:
             client, experiment_id = self._connected.result()
             return fn(client, experiment_id, *[a.result() if isinstance(a, Future) else a for a in args])
         if self._connected is not None:
-            return self._worker.submit(call)
-        future: Future = Future()
-        self._pending.append((call, future))
+            future = self._worker.submit(call)
+        else:
+            future = Future()
+            self._pending.append((call, future))
+        self._calls.append(future)
         return future
 
     def _result(self, future: Future):
@@ -143,7 +146,10 @@ class Tracker:
 
     def _wait(self) -> None:
         """Block until every call so far is done; raise the first that failed."""
-        self._result(self._submit(lambda client, experiment_id: None))
+        self.connect()
+        calls, self._calls = self._calls, []
+        for call in calls:
+            call.result()
 
     @staticmethod
     def _create(client, experiment_id: str, name: str, start_ms: int, tags: dict, parent_id: str | None,
