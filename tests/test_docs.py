@@ -67,3 +67,24 @@ def test_the_readme_tables_are_the_committed_results():
         assert variants[dataset] == [ndcg(run, v) for v in ("bm25", "doc", "query", "sira")]
         assert bm25[dataset][0] == ndcg(RESULTS / f"eval_{dataset}_pyserini-flat_test.json")
         assert bm25[dataset][2] == ndcg(run, "bm25")
+
+
+def test_the_readme_scale_table_is_the_committed_results():
+    rows = table_rows(README.read_text("utf-8"), "| figure | ours | target | results file |")
+
+    def result(row: str) -> dict:
+        return json.loads((RESULTS / rows[row][2].strip("`")).read_text("utf-8"))
+
+    flat = "index build, unigrams: docs/s per core (x bm25s)"
+    d = result(flat)
+    assert rows[flat][0] == f"{d['index_docs_per_s_per_core']:,.0f} ({d['index_ratio_vs_bm25s_per_core']:.3f}x)"
+    sira = "index build, `sira` preset (bigrams): docs/s per core"
+    assert rows[sira][0] == f"{result(sira)['index_docs_per_s_per_core_sira_preset']:,.0f}"
+    night = "nightly, 1% changed: fraction of a full build (seconds)"
+    d = result(night)
+    assert rows[night][0] == f"{d['nightly_fraction_of_full_build']:.3f} ({d['nightly_seconds']:.1f} s)"
+    for row, key, unit in (
+            ("k=10 q/s against bm25s (the smaller of plain and expanded)", "query_ratio_vs_bm25s_numba", "x"),
+            ("k=1000 q/s against bm25s (the smaller)", "k1000_ratio_vs_bm25s_numba", "x"),
+            ("bm25s's resident memory over ours", "memory_ratio_vs_bm25s", "")):
+        assert rows[row][0] == f"{result(row)[key]:.2f}{unit}", row
