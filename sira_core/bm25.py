@@ -38,9 +38,9 @@ final partial sort, because the gathering costs more than the scoring at k = 100
 
 Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound, k is small and a
 floor comes early. On 1M synthetic documents (bench/results/searcher_scale_1m.json) plain queries (17
-terms) at k=10 run faster pruned than exhaustive; queries with 30-60 pseudo-relevance-feedback expansion
-terms of similar bounds, or k in the hundreds, run slower: about a quarter of their postings are essential,
-and handling the candidates costs several times as much per doc as scoring a posting. On a small shard the
+terms) at k=10 run 1.56x as fast pruned as exhaustive; queries with 30-60 pseudo-relevance-feedback expansion
+terms of similar bounds run as fast either way at k=10, and with k in the hundreds pruning runs slower: many of
+their postings are essential, and handling a candidate costs several times as much as scoring a posting. On a small shard the
 fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). So "auto" prunes
 queries of at most PRUNE_MAX_TERMS terms with k <= PRUNE_MAX_K whose terms hold at least PRUNE_MIN_POSTINGS
 postings in the shard, and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests
