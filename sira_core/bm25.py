@@ -689,6 +689,17 @@ def _kth_largest(acc, docs, n, k, heap):
     return heap[0]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _keep_reaching(acc, cand, nc, need):
+    """Keep the candidates whose partial score reaches `need`, in order, branch-free; returns how many."""
+    kept = 0
+    for c in range(nc):
+        d = cand[c]
+        cand[kept] = d
+        kept += acc[d] >= need
+    return kept
+
+
 @numba.njit(cache=True, nogil=True)
 def _range_candidates(indptr, doc_ords, impacts, term_max, rows, weight_scale, t0, n, d_lo, d_hi, n_docs, floor, k,
                       allowed, merge_ratio, lo_of, hi_of, bound, order, pre, acc, touched, cand, spare, marks):
@@ -739,7 +750,9 @@ def _range_candidates(indptr, doc_ords, impacts, term_max, rows, weight_scale, t
             for j in range(lo_of[e], hi_of[e]):
                 acc[doc_ords[j]] += _fixed(impacts[j], w)
         else:
-            for j in range(lo_of[e], hi_of[e]):  # branch-free: whether a doc is new is a coin toss
+            # Branch-free: whether a doc is new is a coin toss. Writing touched[n_touched] before knowing stays in
+            # bounds: sparse means fewer postings than a quarter of the range.
+            for j in range(lo_of[e], hi_of[e]):
                 d = doc_ords[j]
                 touched[n_touched] = d
                 n_touched += acc[d] == 0
@@ -762,12 +775,7 @@ def _range_candidates(indptr, doc_ords, impacts, term_max, rows, weight_scale, t
         if raised > floor:
             floor = raised
             need = floor - pre[ne]
-            kept = 0
-            for c in range(nc):
-                d = cand[c]
-                cand[kept] = d
-                kept += acc[d] >= need
-            nc = kept
+            nc = _keep_reaching(acc, cand, nc, need)
     if not dense:
         nc = _in_ordinal_order(cand, nc, marks, d_lo >> 6, ((d_hi - 1) >> 6) + 1, cand)
     # Each non-essential term, largest bound first, adds to the candidates (a galloping merge when they are few
@@ -792,12 +800,7 @@ def _range_candidates(indptr, doc_ords, impacts, term_max, rows, weight_scale, t
             for j in range(lo, hi):
                 d = doc_ords[j]
                 acc[d] += _fixed(impacts[j], w) * (acc[d] != 0)
-        kept = 0
-        for c in range(nc):
-            d = cand[c]
-            cand[kept] = d
-            kept += acc[d] + pre[e] >= floor
-        nc = kept
+        nc = _keep_reaching(acc, cand, nc, floor - pre[e])
     return nc, floor, n_touched, dense
 
 
