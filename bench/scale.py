@@ -143,6 +143,15 @@ def table_bytes(warehouse: Path) -> dict[str, int]:
 # ---------------------------------------------------------------- steps ----------------------------------------
 
 
+def term_stats_rows(warehouse: Path, versions: list[int]) -> dict[str, int]:
+    """term_stats rows each of `versions` wrote (its own, not those it sums)."""
+    from deltalake import DeltaTable
+    import pyarrow.dataset as ds
+
+    data = DeltaTable(str(warehouse / "term_stats")).to_pyarrow_dataset()
+    return {str(v): data.count_rows(filter=ds.field("index_version") == v) for v in versions}
+
+
 def bm25s_index_worker(corpus: str) -> None:
     """Subprocess: bm25s tokenize + index of the corpus's texts, one thread; prints a JSON line."""
     import resource
@@ -219,7 +228,8 @@ def measure(args) -> dict:
             ["index", "-w", str(wh), "--preset", preset, "--no-enrichment", "--full", "--output-json", str(out),
              *extra], logs / f"index-{preset}.log"))
         run["docs_per_s_per_core"] = round(n / run["seconds"] / cores, 1)
-        run["build_step_seconds"] = json.loads(out.read_text())["step_seconds"]
+        built = json.loads(out.read_text())
+        run["build_step_seconds"], run["index_version"] = built["step_seconds"], built["index_version"]
     steps["table_bytes"] = table_bytes(wh)
     bm25s = step("bm25s index", lambda: _worker_json(["--bm25s-index", str(corpus)], logs / "bm25s-index.log"))
     step("load sira index from Delta", lambda: _worker_json(["--load", str(wh)], logs / "load.log"))
@@ -235,6 +245,9 @@ def measure(args) -> dict:
          "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--output-json", str(work / "night.json")],
         logs / "nightly.log"))
     night["summary"] = json.loads((work / "night.json").read_text())
+    # A night writes the term statistics its documents moved, not the whole vocabulary again.
+    night["term_stats_rows"] = term_stats_rows(wh, [steps["index sira"]["index_version"],
+                                                    night["summary"]["index_version"]])
     full = ingest["seconds"] + steps["index sira"]["seconds"]
     if not args.skip_enrich:
         from bench.enrich_overhead import measure_enrich_overhead

@@ -23,6 +23,8 @@ class IndexConfig(DFFilterParams, IndexBuildParams):
     max_segments: int = Field(16, ge=1, description="a build that would leave more segments is a full one")
     max_dead_fraction: float = Field(0.25, ge=0, le=1, description="... or more tombstoned documents than this "
                                                                    "share of the documents in its segments")
+    max_term_stats_versions: int = Field(8, ge=1, description="an incremental build writes only the term statistics "
+                                         "that changed, as one more version its readers add up, up to this many")
 
 
 def run(cfg: IndexConfig, spark=None) -> dict:
@@ -35,4 +37,4 @@ def run(cfg: IndexConfig, spark=None) -> dict:
         use_enrichment = table_exists(tables.table_uri(cfg.warehouse, tables.ENRICHMENT))
     choice = EnrichmentChoice(cfg.tau, cfg.enrichment_model, cfg.enrichment_prompt_version) if use_enrichment else None
     return build_in_session(cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, choice, cfg.full,
-                            SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction), console.log, spark)
+                            SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction, cfg.max_term_stats_versions), console.log, spark)

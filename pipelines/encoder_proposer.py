@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from sira.pipelines.console import progress_bar
 from sira.pipelines.delta_io import read_table, table_exists, write_table
 from sira.pipelines.encoder import ENCODER_NAME, MiniLMEncoder
+from sira.pipelines.shard_loader import read_term_stats
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig, index_text
 from sira.core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
@@ -62,8 +63,7 @@ def load_vocabulary(
             return _as_vocabulary(cached)
     started = time.perf_counter()
     analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
-    stats = read_table(tables.table_uri(warehouse, tables.TERM_STATS), manifest["term_stats_table_version"],
-                       [("index_version", "=", version)], ["term", "df"])
+    stats = read_term_stats(warehouse, manifest, ["term", "df"])
     term_dfs = dict(zip(stats.column("term").to_pylist(), stats.column("df").to_pylist()))
     docs = read_table(tables.table_uri(warehouse, tables.DOCS), manifest["docs_table_version"],
                       columns=["title", "text"])

@@ -44,10 +44,13 @@ def expire_versions(warehouse: str, keep_days: float, now: datetime | None = Non
     if expired:
         predicate = f"index_version IN ({', '.join(str(v) for v in expired)})"
         DeltaTable(tables.table_uri(warehouse, tables.CORPUS_STATS)).delete(predicate)  # unpublish first
+        # A version's term_stats rows stay while a kept version lists them (the base of its incremental ones).
+        summed = {v for r in rows if r["index_version"] in kept for v in tables.term_stats_versions_of(r)}
         for name in (*tables.PER_VERSION_TABLES, *tables.LAYOUT_1_TABLES):
             uri = tables.table_uri(warehouse, name)
-            if table_exists(uri):
-                DeltaTable(uri).delete(predicate)
+            gone = [v for v in expired if name != tables.TERM_STATS or v not in summed]
+            if table_exists(uri) and gone:
+                DeltaTable(uri).delete(f"index_version IN ({', '.join(str(v) for v in gone)})")
         # A segment goes with the last version that lists it (never one a running build has not published yet).
         listed = lambda rs: {s for r in rs for s in (r.get("segments") or [])}  # noqa: E731
         orphaned = listed(r for r in rows if r["index_version"] in expired) - listed(

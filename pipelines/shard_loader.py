@@ -129,11 +129,27 @@ def load_searcher(
     return Searcher(loaded, stats, analyzer), manifest
 
 
+def read_term_stats(warehouse: str, manifest: dict, columns: Sequence[str] = ("term", "df", "df_enriched", "cf")
+                    ) -> pa.Table:
+    """(term_id, *columns) of every term of the index version of `manifest`: its term_stats rows, summed over its
+    term_stats_versions when an incremental build wrote only what changed (sira.core.tables.TERM_STATS_SCHEMA)."""
+    uri, version = tables.table_uri(warehouse, tables.TERM_STATS), manifest["term_stats_table_version"]
+    versions = tables.term_stats_versions_of(manifest)
+    if len(versions) == 1:
+        return read_table(uri, version, [("index_version", "=", versions[0])], ["term_id", *columns])
+    counts = [c for c in ("df", "df_enriched", "cf") if c in columns or c == "df_enriched"]
+    spelled = ["term"] if "term" in columns else []
+    rows = read_table(uri, version, [("index_version", "in", versions)], ["term_id", *spelled, *counts])
+    # Every row that spells a term id spells it the same way (the dictionary's collision check): min is the one.
+    summed = rows.group_by("term_id").aggregate([(c, "sum") for c in counts] + [(c, "min") for c in spelled])
+    summed = summed.rename_columns({f"{c}_sum": c for c in counts} | {f"{c}_min": c for c in spelled})
+    return summed.filter(pc.field("df_enriched") > 0).select(["term_id", *columns])
+
+
 def load_df_table(warehouse: str, manifest: dict) -> DFTable:
     """DF of every term of an index version, as the query-side filter sees it (DF in the indexed corpus,
     enrichment included)."""
-    stats = read_table(tables.table_uri(warehouse, tables.TERM_STATS), manifest["term_stats_table_version"],
-                       [("index_version", "=", manifest["index_version"])], ["term_id", "df_enriched"])
+    stats = read_term_stats(warehouse, manifest, ["df_enriched"])
     return DFTable(stats.column("term_id").to_numpy(), stats.column("df_enriched").to_numpy(), manifest["num_docs"])
 
 

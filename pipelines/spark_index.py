@@ -21,11 +21,13 @@ tombstones and injections, publish):
 6. `write_segment`: doc ordinals (doc-id order per shard), `segment_docs`, and postings inverted per block of
    POSTINGS_BLOCK_DOCS ordinals in Python (applyInArrow): no row, task or Python call holds a posting list
    longer than a block, however common the term.
-7. `term_statistics`: df, df_enriched, cf; from the base's plus what entered minus what left when incremental.
+7. `term_statistics`: df, df_enriched, cf; incrementally only what entered minus what left, as rows that readers
+   add to the base's (up to SegmentPolicy.max_term_stats_versions builds, then whole again).
 8. `publish`: the corpus_stats row, last: readers only see versions that have it. Every data row of a version
    is keyed by it (or by its new segment), and a rerun of a killed build replaces them (`replaceWhere`).
 
-The published index equals a full rebuild's (tests/test_incremental_index.py compares the tables and rankings).
+The published index equals a full rebuild's (tests/test_incremental_index.py compares the tables, term statistics
+summed as readers sum them, and rankings).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import reduce
 from typing import Callable, Iterator
 
 import numpy as np
@@ -290,6 +293,9 @@ class SegmentPolicy:
 
     max_segments: int = 16
     max_dead_fraction: float = 0.25  # tombstoned documents / documents in the version's segments
+    # A version's term_stats: some version's whole statistics and at most this many - 1 builds' changes (readers sum
+    # them, sira.core.tables.TERM_STATS_SCHEMA); past that a build writes its statistics whole.
+    max_term_stats_versions: int = 8
 
 
 @dataclass
@@ -399,7 +405,7 @@ def build_index(
         with b.step("segment"):
             seg = write_segment(b, plan.entering, plan.entering_rows, whole)
         with b.step("term statistics"):
-            stats = term_statistics(b, plan, seg, orig_df, orig_delta)
+            stats = term_statistics(b, plan, seg, orig_df, orig_delta, policy.max_term_stats_versions)
         with b.step("tombstones and injections"):
             tombstones_version = write_tombstones(b, plan)
             injections_version = None if injections is None else write_injections(b, injections)
@@ -446,7 +452,7 @@ def corpus_stats_row(b: Build, num_docs: int, enrichment_info: dict, plan: Segme
         "segments": plan.segments, "base_version": plan.base_version, "num_tombstones": plan.num_tombstones,
         "segment_docs_table_version": seg["segment_docs_table_version"],
         "segment_postings_table_version": seg["segment_postings_table_version"],
-        "tombstones_table_version": tombstones_version,
+        "tombstones_table_version": tombstones_version, "term_stats_versions": stats["versions"],
     }
 
 
@@ -811,7 +817,7 @@ def original_df(b: Build, current: DataFrame, base: dict | None,
     delta = b.keep(_term_counts(changed, keep=("sign",)).groupBy("term_id")
                    .agg(F.sum("sign").cast("long").alias("d_df"),
                         F.sum(F.col("sign") * F.col("tf")).cast("long").alias("d_cf")))
-    base_df = b.read(tables.TERM_STATS).where(F.col("index_version") == base["index_version"]).select("term_id", "df")
+    base_df = base_term_stats(b, base).select("term_id", "df")
     df = (base_df.join(delta, "term_id", "full_outer")
           .select("term_id", (F.coalesce("df", F.lit(0)) + F.coalesce("d_df", F.lit(0))).alias("df"))
           .where(F.col("df") > 0))
@@ -977,9 +983,27 @@ def _final_vectors(b: Build, rows: DataFrame) -> DataFrame:
             .groupBy("doc_id", "term_id").agg(F.sum("tf").alias("tf")))
 
 
+def _term_stats_rows(b: Build, version: dict) -> DataFrame:
+    """The term_stats rows of the versions `version` lists in its term_stats_versions, not yet summed."""
+    return b.read(tables.TERM_STATS).where(F.col("index_version").isin(tables.term_stats_versions_of(version))) \
+        .drop("index_version")
+
+
+def base_term_stats(b: Build, version: dict) -> DataFrame:
+    """(term_id, term, df, df_enriched, cf) of every term of the published `version` (its rows summed when it lists
+    several term_stats_versions)."""
+    rows = _term_stats_rows(b, version)
+    if len(tables.term_stats_versions_of(version)) == 1:
+        return rows
+    return rows.groupBy("term_id").agg(F.min("term").alias("term"), *[F.sum(c).alias(c) for c in (
+        "df", "df_enriched", "cf")]).where(F.col("df_enriched") > 0)
+
+
 def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame | None,
-                    orig_delta: DataFrame | None) -> dict:
-    """Write term_stats of the new version (df, df_enriched, cf) and return its totals."""
+                    orig_delta: DataFrame | None, max_versions: int) -> dict:
+    """Write term_stats of the new version (df, df_enriched, cf): whole in a full build, and in an incremental one
+    only what moved, as one more of its base's term_stats_versions (up to `max_versions`); returns its totals and
+    its term_stats_versions."""
     dictionary = b.read(tables.TERM_DICTIONARY)
     entering = seg["seg"]
     if plan.base is None:
@@ -1006,44 +1030,51 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
                      else moved.withColumn("d_df", F.lit(0).cast("long")))
         moved = b.cut(moved)
         n_moved = moved.count()
-        before = b.read(tables.TERM_STATS).where(
-            F.col("index_version") == base["index_version"]).drop("index_version")
         zero = F.lit(0).cast("long")
-
-        def add(df: DataFrame) -> DataFrame:
-            return df.select("term_id", "term",
-                             (F.coalesce("df", zero) + F.coalesce("d_df", zero)).alias("df"),
-                             (F.coalesce("df_enriched", zero) + F.coalesce("d_df_enriched", zero)).alias("df_enriched"),
-                             (F.coalesce("cf", zero) + F.coalesce("d_cf", zero)).alias("cf"))
-
-        # Each term that moved, with its df_enriched in the base (null: new to the index). Its counts give the new
-        # version's number of terms (the base's, less those no document holds any more, plus the new ones some
-        # document holds), so that the corpus-sized rows are read once more only, by the write.
-        # (Few moved terms go to every task and the base's stream past them: no shuffle of the corpus-sized rows.)
-        known = b.keep(before.select("term_id", F.col("df_enriched").alias("base_dfe"))
-                       .join(_small(moved, n_moved), "term_id"))
-        met = known.unionByName(moved.join(_small(known.select("term_id"), n_moved), "term_id", "left_anti")
-                                .withColumn("base_dfe", F.lit(None).cast("long")))
-        is_new, after = F.col("base_dfe").isNull(), F.coalesce("base_dfe", zero) + F.coalesce("d_df_enriched", zero)
-        counts = met.agg(F.count(F.when(is_new, 1)).alias("new"), F.count(F.when(~is_new & (after <= 0), 1)).alias(
-            "vanished"), F.count(F.when(is_new & (after > 0), 1)).alias("new_held")).first()
-        n_new = int(counts["new"])
-        # The base's terms with what moved (the few that moved go to every task), and the terms new to the index,
-        # spelled from the dictionary.
-        kept = add(before.join(_small(moved, n_moved), "term_id", "left"))
-        new = b.keep(_small(met.where(is_new).drop("base_dfe"), n_new).join(dictionary, "term_id"))
-        spelled = new.count()
-        if spelled != n_new:
-            raise RuntimeError(f"{n_new - spelled} new terms are missing from {tables.TERM_DICTIONARY}")
-        new = add(new.select("term_id", "term", *[F.lit(None).cast("long").alias(c) for c in ("df", "df_enriched", "cf")],
-                             "d_df", "d_df_enriched", "d_cf"))
-        stats = kept.unionByName(new).where(F.col("df_enriched") > 0)
+        deltas = ("d_df", "d_df_enriched", "d_cf")
+        rows = _term_stats_rows(b, base)
+        # Each term that moved, with its df_enriched in the base (null: no row of the base's term_stats_versions
+        # holds it). The few that moved go to every task and the base's rows stream past them (no shuffle of the
+        # corpus-sized rows); their counts give the new version's number of terms: the base's, less those no
+        # document holds any more, plus those some document holds now and none did.
+        base_dfe = (rows.select("term_id", "df_enriched").join(_small(moved.select("term_id"), n_moved), "term_id")
+                    .groupBy("term_id").agg(F.sum("df_enriched").alias("base_dfe")))
+        met = b.keep(moved.join(_small(base_dfe, n_moved), "term_id", "left"))
+        held = F.coalesce("base_dfe", zero) > 0
+        after = F.coalesce("base_dfe", zero) + F.coalesce("d_df_enriched", zero)
+        counts = met.agg(F.count(F.when(held & (after <= 0), 1)).alias("vanished"),
+                         F.count(F.when(~held & (after > 0), 1)).alias("new_held"),
+                         F.count(F.when(F.col("base_dfe").isNull(), 1)).alias("unseen"),
+                         F.count(F.when(~held, 1)).alias("unheld")).first()
         total_terms = int(base["total_terms"]) + int(entering.agg(F.sum("doc_len")).first()[0] or 0) \
             - int(plan.leaving.agg(F.sum("doc_len")).first()[0] or 0)
         num_terms = int(base["num_terms"]) - int(counts["vanished"]) + int(counts["new_held"])
+        versions = tables.term_stats_versions_of(base)
+        if len(versions) < max_versions:
+            # Only what moved, as one more of the base's versions; spelled for the terms no earlier row spells.
+            unseen = met.where(F.col("base_dfe").isNull()).select("term_id")
+            spelled = b.keep(_small(unseen, int(counts["unseen"])).join(dictionary, "term_id"))
+            _require_spelled(spelled, int(counts["unseen"]))
+            stats = (met.join(_small(spelled, int(counts["unseen"])), "term_id", "left")
+                     .where(reduce(lambda a, c: a | (F.coalesce(c, zero) != 0), deltas, F.lit(False)))
+                     .select("term_id", "term", *[F.coalesce(d, zero).alias(d[2:]) for d in deltas]))
+            versions = [*versions, b.version]
+        else:
+            # The base's statistics with what moved (the few that moved go to every task), and the terms it did not
+            # hold (no earlier counts: a term's df_enriched bounds its df and cf), spelled from the dictionary.
+            def add(df: DataFrame) -> DataFrame:
+                return df.select("term_id", "term", *[(F.coalesce(d[2:], zero) + F.coalesce(d, zero)).alias(d[2:])
+                                                      for d in deltas])
+
+            kept = add(base_term_stats(b, base).join(_small(moved, n_moved), "term_id", "left"))
+            new = b.keep(_small(met.where(~held).drop("base_dfe"), int(counts["unheld"])).join(dictionary, "term_id"))
+            _require_spelled(new, int(counts["unheld"]))
+            new = add(new.select("term_id", "term", *[F.lit(None).cast("long").alias(d[2:]) for d in deltas], *deltas))
+            stats = kept.unionByName(new).where(F.col("df_enriched") > 0)
+            versions = [b.version]
         stats = _of_version(b, stats.withColumn("df", F.coalesce("df", F.lit(0)).cast("long")), tables.TERM_STATS_SCHEMA)
         version = _replace(stats, b.uri(tables.TERM_STATS), "index_version", b.version, ["index_version"])
-        return {"table_version": version, "total_terms": total_terms, "num_terms": num_terms}
+        return {"table_version": version, "total_terms": total_terms, "num_terms": num_terms, "versions": versions}
     stats = b.keep(_of_version(b, stats.withColumn("df", F.coalesce("df", F.lit(0)).cast("long")),
                                tables.TERM_STATS_SCHEMA))
     unspelled = stats.where(F.col("term").isNull())  # counted first: see merge_dictionary
@@ -1051,7 +1082,13 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
     if unspelled:
         raise RuntimeError(f"term ids {[r['term_id'] for r in unspelled]} are missing from {tables.TERM_DICTIONARY}")
     version = _replace(stats, b.uri(tables.TERM_STATS), "index_version", b.version, ["index_version"])
-    return {"table_version": version, "total_terms": total_terms, "num_terms": stats.count()}
+    return {"table_version": version, "total_terms": total_terms, "num_terms": stats.count(), "versions": [b.version]}
+
+
+def _require_spelled(spelled: DataFrame, expected: int) -> None:
+    got = spelled.count()
+    if got != expected:
+        raise RuntimeError(f"{expected - got} new terms are missing from {tables.TERM_DICTIONARY}")
 
 
 def write_tombstones(b: Build, plan: SegmentPlan) -> int:

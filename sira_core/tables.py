@@ -163,6 +163,11 @@ POSTINGS_BLOCK_DOCS = 32_768
 TOMBSTONES = "tombstones"
 TOMBSTONES_SCHEMA = pa.schema([("index_version", pa.int64()), ("segment", pa.int64()), ("shard", pa.int32()),
                                ("doc_ord", pa.int32())])
+# A version's term statistics are the sum of the rows of the versions its corpus_stats row lists in
+# `term_stats_versions` (`term_stats_versions_of`): the first holds some version's whole statistics, each later one
+# what one incremental build changed (differences, which may be negative; `term` spelled where no earlier row of the
+# list spells it). A term belongs to the version while its summed df_enriched is positive. A night so rewrites the
+# few terms that moved, not the corpus' millions.
 TERM_STATS_SCHEMA = pa.schema([("index_version", pa.int64()), ("term_id", pa.int64()), ("term", pa.string()),
                                ("df", pa.int64()), ("df_enriched", pa.int64()), ("cf", pa.int64())])
 INJECTIONS_SCHEMA = pa.schema([("index_version", pa.int64()), ("doc_id", pa.string()), ("position", pa.int32()),
@@ -182,12 +187,18 @@ CORPUS_STATS_SCHEMA = pa.schema([
     ("layout", pa.int32()), ("analyzer_key", pa.string()), ("segments", pa.list_(pa.int64())),
     ("base_version", pa.int64()), ("num_tombstones", pa.int64()), ("segment_docs_table_version", pa.int64()),
     ("segment_postings_table_version", pa.int64()), ("tombstones_table_version", pa.int64()),
+    ("term_stats_versions", pa.list_(pa.int64())),  # see TERM_STATS_SCHEMA; null: [index_version]
 ])
-# The tables whose rows belong to one index version (retention deletes them with it); segments go when no
-# kept version lists them.
+# The tables whose rows belong to one index version (retention deletes them with it, term_stats' once no kept
+# version lists them in its term_stats_versions); segments go when no kept version lists them.
 PER_VERSION_TABLES = (TERM_STATS, TOMBSTONES, INJECTIONS, VOCABULARY)
 PER_SEGMENT_TABLES = (SEGMENT_DOCS, SEGMENT_POSTINGS)
 LAYOUT_1_TABLES = ("postings", "shard_docs")  # per version, in warehouses built before segments
+
+
+def term_stats_versions_of(manifest: dict) -> list[int]:
+    """The index versions whose term_stats rows add up to the statistics of the version of `manifest`."""
+    return [int(v) for v in manifest.get("term_stats_versions") or [manifest["index_version"]]]
 
 
 def table_uri(warehouse: str, name: str) -> str:

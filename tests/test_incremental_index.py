@@ -15,7 +15,7 @@ from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
 from sira.pipelines.delta_io import read_table
 from sira.pipelines.ray_enrich import commit
-from sira.pipelines.shard_loader import find_index, load_searcher
+from sira.pipelines.shard_loader import find_index, load_searcher, read_term_stats
 from sira.core import tables
 from sira.core.hashing import term_id
 from test_index_enrichment import enrichment_rows
@@ -53,12 +53,15 @@ def assert_same_index(wh: str, reference: str, enriched: bool) -> None:
     got, want = find_index(wh, enriched=enriched), find_index(reference, enriched=enriched)
     for field in ("num_docs", "avgdl", "total_terms", "num_terms", "phrases_proposed", "phrases_kept"):
         assert got[field] == want[field], field
-    tables_to_compare = [tables.TERM_STATS] + ([tables.INJECTIONS] if enriched else [])
-    for table in tables_to_compare:
+    # An incremental version's term_stats rows are what moved; summed with its base's, they are the rebuild's.
+    stats = lambda w, m: sorted(read_term_stats(w, m).to_pylist(), key=lambda r: r["term_id"])
+    assert stats(wh, got) == stats(reference, want)
+    assert len(stats(wh, got)) == got["num_terms"]
+    if enriched:
         rows = lambda w, m: sorted(json.dumps({k: v for k, v in r.items() if k != "index_version"}, sort_keys=True)
-                                   for r in read_table(f"{w}/{table}", filters=[("index_version", "=",
-                                                                                 m["index_version"])]).to_pylist())
-        assert rows(wh, got) == rows(reference, want), table
+                                   for r in read_table(f"{w}/{tables.INJECTIONS}", filters=[(
+                                       "index_version", "=", m["index_version"])]).to_pylist())
+        assert rows(wh, got) == rows(reference, want)
     ours, _ = load_searcher(wh, got["index_version"])
     theirs, _ = load_searcher(reference, want["index_version"])
     for a, b in zip(ours.shards, theirs.shards):
@@ -121,6 +124,45 @@ def test_an_incremental_build_equals_a_full_rebuild(nights, enriched):
         f"{wh}/injections", filters=[("index_version", "=", find_index(wh, enriched=True)["index_version"])]
     ).to_pylist() if r["doc_id"] == "d12"}
     assert decisions == {"insulin": "too common", "glycemic control": "kept"}
+
+
+def test_a_night_writes_only_the_term_statistics_that_moved(nights):
+    wh, _, first, second = nights
+    for kind in ("plain", "enriched"):
+        assert second[kind]["term_stats_versions"] == [first[kind]["index_version"], second[kind]["index_version"]]
+        assert first[kind]["term_stats_versions"] == [first[kind]["index_version"]]
+    moved = read_table(f"{wh}/term_stats", filters=[("index_version", "=", second["plain"]["index_version"])])
+    whole = read_table(f"{wh}/term_stats", filters=[("index_version", "=", first["plain"]["index_version"])])
+    assert 0 < moved.num_rows < whole.num_rows / 2
+    # d08 left: "sleep" (in no other document) is a change of -1 and no longer a term of the version.
+    before = {r["term_id"]: r for r in whole.to_pylist()}[term_id("sleep")]
+    sleep = {r["term_id"]: r for r in moved.to_pylist()}[term_id("sleep")]
+    assert before["df"] == 1 and (sleep["df"], sleep["df_enriched"], sleep["cf"]) == (-1, -1, -before["cf"])
+    assert term_id("sleep") not in read_term_stats(wh, find_index(wh, second["plain"]["index_version"]))["term_id"].to_pylist()
+
+
+# Between night 1 and night 2: d05 changes (its words leave, "zebrafish" comes) and d08 goes; night 2 then brings
+# d05's text back (its kept analysis is reused), so some terms leave and come back across the chained versions.
+MIDNIGHT = [{**d, "text": "Zebrafish regenerate heart tissue."} if d["_id"] == "d05" else d for d in TINY_DOCS
+            if d["_id"] != "d08"] + ADDED[:1]
+
+
+def test_term_statistics_chain_over_nights_and_are_written_whole_past_the_limit(nights, tmp_path, spark):
+    _, reference, _, _ = nights
+    wh = str(tmp_path / "wh")
+    ingest(wh, TINY_DOCS, tmp_path)
+    versions = [build(wh, spark, enrichment=False)["index_version"]]
+    for night in (MIDNIGHT, NIGHT_2):
+        ingest(wh, night, tmp_path, mode="merge")
+        versions.append(build(wh, spark, enrichment=False, max_term_stats_versions=3)["index_version"])
+    assert find_index(wh)["term_stats_versions"] == versions
+    assert term_id("zebrafish") in read_table(f"{wh}/term_stats", filters=[("index_version", "=", versions[1])])[
+        "term_id"].to_pylist()
+    assert_same_index(wh, reference, enriched=False)
+    # A fourth would make four: this build writes its statistics whole, and they are still the rebuild's.
+    row = build(wh, spark, enrichment=False, max_term_stats_versions=3)
+    assert row["term_stats_versions"] == [row["index_version"]] and len(row["segments"]) == 3
+    assert_same_index(wh, reference, enriched=False)
 
 
 def test_a_full_build_on_request_writes_one_segment_with_the_same_index(nights, spark):

@@ -114,8 +114,10 @@ def test_nightly_updates_incrementally_and_publishes_a_new_version(tmp_path, fak
     for table in tables.PER_SEGMENT_TABLES:
         assert set(read_table(tables.table_uri(wh, table), columns=["segment"])["segment"].to_pylist()) == \
             set(kept_segments)
+    # So do term_stats rows: the kept version's are night 2's change on top of night 1's whole statistics.
     stats = read_table(tables.table_uri(wh, tables.TERM_STATS), columns=["index_version"]).column("index_version")
-    assert set(stats.to_pylist()) == {second["index_version"]}
+    assert set(stats.to_pylist()) == set(tables.term_stats_versions_of(find_index(wh))) == \
+        {first["index_version"], second["index_version"]}
     assert load_searcher(wh)[0].search("zebrafish", k=1)[0].doc_id == "d13"
 
 
