@@ -138,12 +138,20 @@ def read_term_stats(warehouse: str, manifest: dict, columns: Sequence[str] = ("t
     if len(versions) == 1:
         return read_table(uri, version, [("index_version", "=", versions[0])], ["term_id", *columns])
     counts = [c for c in ("df", "df_enriched", "cf") if c in columns or c == "df_enriched"]
-    spelled = ["term"] if "term" in columns else []
-    rows = read_table(uri, version, [("index_version", "in", versions)], ["term_id", *spelled, *counts])
-    # Every row that spells a term id spells it the same way (the dictionary's collision check): min is the one.
-    summed = rows.group_by("term_id").aggregate([(c, "sum") for c in counts] + [(c, "min") for c in spelled])
-    summed = summed.rename_columns({f"{c}_sum": c for c in counts} | {f"{c}_min": c for c in spelled})
-    return summed.filter(pc.field("df_enriched") > 0).select(["term_id", *columns])
+    rows = pa.concat_tables(read_table(uri, version, [("index_version", "=", v)], ["term_id", *columns, *(
+        c for c in counts if c not in columns)]) for v in versions)  # in the order of `versions`
+    # A stable sort by term id keeps each term's rows in version order, so its first row is the one that spells it
+    # (a later row spells only a term no earlier one holds); the counts are summed per run of equal ids.
+    ids = rows.column("term_id").to_numpy()
+    order = np.argsort(ids, kind="stable")
+    ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.empty(0, np.int64)
+    summed = {c: np.add.reduceat(rows.column(c).to_numpy()[order], starts) if len(ids) else np.empty(0, np.int64)
+              for c in counts}
+    held = summed["df_enriched"] > 0
+    first = pa.array(order[starts[held]])
+    return pa.table({"term_id": ids[starts[held]], **{
+        c: summed[c][held] if c in summed else rows.column(c).take(first) for c in columns}})
 
 
 def load_df_table(warehouse: str, manifest: dict) -> DFTable:
