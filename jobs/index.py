@@ -36,5 +36,6 @@ def run(cfg: IndexConfig, spark=None) -> dict:
     if use_enrichment is None:
         use_enrichment = table_exists(tables.table_uri(cfg.warehouse, tables.ENRICHMENT))
     choice = EnrichmentChoice(cfg.tau, cfg.enrichment_model, cfg.enrichment_prompt_version) if use_enrichment else None
-    return build_in_session(cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, choice, cfg.full,
-                            SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction, cfg.max_term_stats_versions), console.log, spark)
+    policy = SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction, cfg.max_term_stats_versions)
+    return build_in_session(cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, choice, cfg.full, policy,
+                            console.log, spark)

@@ -44,11 +44,14 @@ def expire_versions(warehouse: str, keep_days: float, now: datetime | None = Non
     if expired:
         predicate = f"index_version IN ({', '.join(str(v) for v in expired)})"
         DeltaTable(tables.table_uri(warehouse, tables.CORPUS_STATS)).delete(predicate)  # unpublish first
-        # A version's term_stats rows stay while a kept version lists them (the base of its incremental ones).
-        summed = {v for r in rows if r["index_version"] in kept for v in tables.term_stats_versions_of(r)}
+        # term_stats rows go with the last version that sums them (an expired base of a kept incremental version
+        # stays until that one goes too).
+        summed = lambda rs: {v for r in rs for v in tables.term_stats_versions_of(r)}  # noqa: E731
+        stats_gone = summed(r for r in rows if r["index_version"] in expired) - summed(
+            r for r in rows if r["index_version"] not in expired)
         for name in (*tables.PER_VERSION_TABLES, *tables.LAYOUT_1_TABLES):
             uri = tables.table_uri(warehouse, name)
-            gone = [v for v in expired if name != tables.TERM_STATS or v not in summed]
+            gone = sorted(stats_gone) if name == tables.TERM_STATS else expired
             if table_exists(uri) and gone:
                 DeltaTable(uri).delete(f"index_version IN ({', '.join(str(v) for v in gone)})")
         # A segment goes with the last version that lists it (never one a running build has not published yet).

@@ -121,6 +121,36 @@ def test_nightly_updates_incrementally_and_publishes_a_new_version(tmp_path, fak
     assert load_searcher(wh)[0].search("zebrafish", k=1)[0].doc_id == "d13"
 
 
+def test_term_stats_rows_go_with_the_last_version_that_sums_them(tmp_path):
+    """Versions 2 and 3 add their changes to version 1's whole statistics, version 4 is whole again: 1 and 2's rows
+    outlive their versions while 3 sums them, and go with 3."""
+    import pyarrow as pa
+
+    from sira.pipelines.delta_io import write_table
+
+    wh = str(tmp_path / "wh")
+    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+    def publish(version: int, summed: list[int], age_days: float) -> None:
+        row = {f.name: None for f in tables.CORPUS_STATS_SCHEMA} | {
+            "index_version": version, "preset": "sira", "enriched": False, "layout": tables.INDEX_LAYOUT,
+            "built_at": now - timedelta(days=age_days), "segments": [version], "term_stats_versions": summed}
+        write_table(tables.table_uri(wh, tables.CORPUS_STATS), pa.Table.from_pylist([row], tables.CORPUS_STATS_SCHEMA))
+        write_table(tables.table_uri(wh, tables.TERM_STATS), pa.Table.from_pylist(
+            [{"index_version": version, "term_id": version, "term": f"t{version}", "df": 1, "df_enriched": 1,
+              "cf": 1}], tables.TERM_STATS_SCHEMA))
+
+    stats_versions = lambda: sorted(set(read_table(tables.table_uri(wh, tables.TERM_STATS))[  # noqa: E731
+        "index_version"].to_pylist()))
+    for version, summed, age in ((1, [1], 30), (2, [1, 2], 20), (3, [1, 2, 3], 10)):
+        publish(version, summed, age)
+    assert expire_versions(wh, keep_days=7, now=now, vacuum=False)["expired_versions"] == [1, 2]
+    assert stats_versions() == [1, 2, 3]  # version 3 sums them
+    publish(4, [4], 1)
+    assert expire_versions(wh, keep_days=7, now=now, vacuum=False)["expired_versions"] == [3]
+    assert stats_versions() == [4]
+
+
 def test_retention_keeps_the_newest_of_each_kind_and_everything_inside_the_window():
     now = datetime(2026, 12, 1, tzinfo=timezone.utc)
     rows = [{"index_version": v, "preset": p, "enriched": e, "built_at": now - timedelta(days=age)}
