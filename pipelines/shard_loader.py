@@ -140,14 +140,15 @@ def read_term_stats(warehouse: str, manifest: dict, columns: Sequence[str] = ("t
     counts = [c for c in ("df", "df_enriched", "cf") if c in columns or c == "df_enriched"]
     rows = pa.concat_tables(read_table(uri, version, [("index_version", "=", v)], ["term_id", *columns, *(
         c for c in counts if c not in columns)]) for v in versions)  # in the order of `versions`
+    if rows.num_rows == 0:
+        return rows.select(["term_id", *columns])
     # A stable sort by term id keeps each term's rows in version order, so its first row is the one that spells it
     # (a later row spells only a term no earlier one holds); the counts are summed per run of equal ids.
     ids = rows.column("term_id").to_numpy()
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.empty(0, np.int64)
-    summed = {c: np.add.reduceat(rows.column(c).to_numpy()[order], starts) if len(ids) else np.empty(0, np.int64)
-              for c in counts}
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    summed = {c: np.add.reduceat(rows.column(c).to_numpy()[order], starts) for c in counts}
     held = summed["df_enriched"] > 0
     first = pa.array(order[starts[held]])
     return pa.table({"term_id": ids[starts[held]], **{
