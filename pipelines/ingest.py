@@ -321,7 +321,9 @@ def _merge(uri: str, snapshot: _Snapshot, max_delete_fraction: float, spool: Pat
         comparison is null, which counts as a change here)."""
         keys = table.select(["doc_id", "content_hash"]).append_column(
             "_pos", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-        joined = keys.join(current, "doc_id", join_type="left outer")
+        # The batch is the join's build side and the table's keys probe it: Acero hashes the right input, and hashing
+        # the table's million keys for each batch cost ten times the probe (2.8 s of a 1M-document night).
+        joined = current.join(keys, "doc_id", join_type="right outer")
         return joined, pc.fill_null(pc.not_equal(joined.column("content_hash"), joined.column("current_hash")), True)
 
     def new_or_changed(table: pa.Table) -> pa.Array:

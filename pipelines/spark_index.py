@@ -126,10 +126,14 @@ def _with_dictionary_rows(doc_rows: dict, schema: pa.Schema, term_ids: np.ndarra
 
 
 def warm_analyzers(analyzer_json: str):
-    """mapInArrow: nothing out; the worker imports this module and builds its BatchAnalyzer (see `warm_python_workers`)."""
+    """mapInArrow: nothing out; the worker imports this module, builds its BatchAnalyzer and analyses a line with it
+    (see `warm_python_workers`)."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        _batch_analyzer(analyzer_json)
+        # A first analysis loads numba's cached kernels and what the analyzer imports lazily: 0.6 s per worker with
+        # compiled bytecode, 2 s without, which the night's analysis paid in its first tasks.
+        _batch_analyzer(analyzer_json).analyze(pa.array(["warm the analyzer's kernels"]))
+        import pandas  # noqa: F401 - Spark's grouped Arrow UDFs (the postings' applyInArrow) import it in the worker
         for _ in batches:
             pass
         return iter(())
@@ -317,6 +321,9 @@ class Build:
     # whole table.
     changed: DataFrame | None = None
     changed_rows: int = 0
+    # With the night's changes: the analyses of the documents whose content came or went (CHANGES keys, sign, the
+    # doc_analysis columns), found by `analyse_documents` in one scan of the kept analyses plus those it made.
+    moved: DataFrame | None = None
     live: DataFrame | None = None  # the base's segment_docs rows of its live documents (`_live_docs`), once read
     seconds: dict = field(default_factory=dict)  # per step, reported with the build
 
@@ -342,8 +349,10 @@ class Build:
         """`df` computed once and stored on disk without its lineage, for a small frame that later plans join several
         times: a kept frame's plan is printed in full inside every plan that reads it, and adaptive execution prints
         the plan at each of its updates. Through the moved terms, an enriched night's term_stats plan had grown to
-        180 MB of text (12 documents) and ran a 3 GB heap out of memory. A local checkpoint: an executor lost
-        before the build ends fails the build, which a rerun redoes."""
+        180 MB of text (12 documents) and ran a 3 GB heap out of memory. And for a frame that reads a table the
+        build writes afterwards: each write re-plans every kept frame that reads the table and drops its data, which
+        the next use computes again (2-3 s of a night at 1M documents). A local checkpoint: an executor lost before
+        the build ends fails the build, which a rerun redoes."""
         return df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
     @contextmanager
@@ -514,6 +523,18 @@ def next_index_version(warehouse: str) -> int:
     return max(versions, default=0) + 1
 
 
+# Rows per file of the appends whose size is known before they are written: a night's analyses and statistics (a few
+# thousand documents, a few hundred thousand terms) go to one file each instead of one per shuffle partition, which
+# cost a task each and left a dozen small files per table per night for every later scan to open.
+ANALYSIS_ROWS_PER_FILE = 100_000  # term vectors: about 1-2 KB a document
+TERM_ROWS_PER_FILE = 2_000_000  # dictionary and term_stats rows: a few dozen bytes each
+
+
+def _in_files(df: DataFrame, rows: int | None, rows_per_file: int) -> DataFrame:
+    """`df` in about rows / rows_per_file partitions when `rows` is known (never more than it has)."""
+    return df if rows is None else df.coalesce(max(1, -(-rows // rows_per_file)))
+
+
 def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: list[str]) -> int:
     """Write `df` as the rows of `column = value` (a version's or a segment's), replacing any a killed build left."""
     (df.write.format("delta").mode("overwrite").option("replaceWhere", f"{column} = {value}")
@@ -610,8 +631,14 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
         kept = done.count() if kept is None else kept
         if changes is not None:
             came = changes.rows.where(F.col("sign") == 1).drop("sign")
-            # The night's documents meet the kept analyses' keys (sent to every task: the corpus is not shuffled).
-            have = done.join(_small(came.select(*key), changes.came), key, "left_semi")
+            # One scan of the kept analyses finds those of every document that came or went (their keys sent to every
+            # task: the corpus is not shuffled). What came with one is not analysed again, and the term counts of
+            # what moved (`original_df`) read these instead of scanning the table a second time. Cut from the table's
+            # lineage: Spark recomputes a kept frame over a table when the table is written, as it is below.
+            moved = changes.came + changes.went
+            b.moved = b.cut(_small(changes.rows.select(*key, "sign"), moved).join(
+                b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key"), key))
+            have = b.moved.where(F.col("sign") == 1).select(*key)
             todo = b.keep(came.join(_small(have, changes.came), key, "left_anti"))
             new = todo.count()
         else:
@@ -626,8 +653,11 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
         out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
         # The dictionary first: a kept analysis implies its terms are spelled (a kill in between re-analyses).
         merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))
-        (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
-         .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+        analyses = out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
+        (_in_files(analyses.drop("term_id", "term"), new, ANALYSIS_ROWS_PER_FILE)
+         .write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+        if changes is not None and b.moved is not None:
+            b.moved = b.moved.unionByName(analyses.drop("analyzer_key", "term_id", "term").withColumn("sign", F.lit(1)))
         b.log(f"analysis: {new} documents analysed")
     return num_docs, new, stale
 
@@ -651,10 +681,10 @@ def merge_dictionary(b: Build, spelled: DataFrame) -> None:
     """Append the term ids the dictionary lacks; two spellings of one id is a collision, and an error."""
     uri = b.uri(tables.TERM_DICTIONARY)
     spellings = b.keep(spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other")))
-    # One join with the dictionary, kept: the check and the append both read it, and `limit` runs a job per few
+    n = spellings.count()
+    # One join with the dictionary, stored: the check and the append both read it, and `limit` runs a job per few
     # partitions, each of which redid the join.
     if table_exists(uri):
-        n = spellings.count()
         if n <= BROADCAST_ROWS:
             # A night's terms go to every task and the dictionary streams past them: the corpus-sized table is read,
             # not shuffled (an outer join would shuffle it, whichever side is small).
@@ -666,7 +696,7 @@ def merge_dictionary(b: Build, spelled: DataFrame) -> None:
                                        "left")
     else:
         spellings = spellings.withColumn("known", F.lit(None).cast("string"))
-    spellings = b.keep(spellings)
+    spellings = b.cut(spellings)  # cut, not kept: the append below would drop a kept frame that reads the dictionary
     clash = (F.col("term") != F.col("other")) | (F.col("known") != F.col("term"))  # null known: a new id, no clash
     # One counting job over all partitions at once; `limit` alone scans them in rounds of growing size (a job each,
     # the first on one core), and a clash is rare enough to be fetched after.
@@ -674,7 +704,8 @@ def merge_dictionary(b: Build, spelled: DataFrame) -> None:
     if found:
         raise TermIdCollision("term id hash collisions: " + str(
             [(r["term"], r["other"] if r["other"] != r["term"] else r["known"]) for r in found]))
-    spellings.where(F.col("known").isNull()).select("term_id", "term").write.format("delta").mode("append").save(uri)
+    new = spellings.where(F.col("known").isNull()).select("term_id", "term")
+    _in_files(new, n, TERM_ROWS_PER_FILE).write.format("delta").mode("append").save(uri)
 
 
 def _enrichment_phrases(b: Build, docs: DataFrame) -> tuple[DataFrame, int]:
@@ -744,10 +775,11 @@ def _term_counts(df: DataFrame, ids: str = "term_ids", tfs: str = "tfs", keep: t
         .select(*keep, F.col("p.i").alias("term_id"), F.col("p.t").alias("tf"))
 
 
-def _require_analysis(b: Build, keys: DataFrame, what: str) -> DataFrame:
-    """The kept analysis of `keys`, checked to cover each of them once (it is never silently partial)."""
+def _require_analysis(b: Build, keys: DataFrame, what: str, joined: DataFrame | None = None) -> DataFrame:
+    """The kept analysis of `keys` (or `joined`, when already read), checked to cover each of them once (it is never
+    silently partial)."""
     expected = keys.count()
-    joined = b.keep(_analysis_of(b, keys, expected))
+    joined = b.keep(_analysis_of(b, keys, expected)) if joined is None else joined
     got = joined.count()
     if got != expected:
         raise MissingAnalysis(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} {what} (analyzer "
@@ -809,7 +841,8 @@ def original_df(b: Build, current: DataFrame, base: dict | None,
             _live_docs(b, base).select(*key, F.lit(True).alias("before")), key, "full_outer")
         came_went = b.keep(sides.where(F.col("now").isNull() | F.col("before").isNull()).select(
             *key, F.when(F.col("now"), F.lit(1)).otherwise(F.lit(-1)).alias("sign")))
-    changed = _require_analysis(b, came_went, "documents whose content came or went")
+    changed = _require_analysis(b, came_went, "documents whose content came or went",
+                                b.moved if changes is not None else None)
     if b.enrichment is None:  # with enrichment, injections can change without the content: see `Build.changed`
         b.changed, b.changed_rows = changed, changed.count()
     # d_cf too: in a plain build the documents whose content moved are those entering and leaving, so this is the
@@ -821,7 +854,8 @@ def original_df(b: Build, current: DataFrame, base: dict | None,
     df = (base_df.join(delta, "term_id", "full_outer")
           .select("term_id", (F.coalesce("df", F.lit(0)) + F.coalesce("d_df", F.lit(0))).alias("df"))
           .where(F.col("df") > 0))
-    return b.keep(df), delta
+    # Kept for the enriched build's DF rule; a plain one reads it at most once, and writing term_stats would drop it.
+    return (b.keep(df) if b.enrichment is not None else df), delta
 
 
 def base_and_original_df(b: Build, docs: DataFrame, base: dict | None, changes: Changes | None
@@ -918,7 +952,9 @@ def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: Segme
             went = moved.where("sign = -1").drop("sign")
             # The base's documents are read once here: not kept (a corpus-sized write to disk for one read).
             live = b.live if b.live is not None else _read_live_docs(b, base)
-            leaving = b.keep(live.join(_small(went, b.changed_rows), ["doc_id", "content_hash"], "left_semi"))
+            # Cut, not kept: writing segment_docs (below) would drop a kept frame that reads it, and the term
+            # statistics and tombstones would read the table again (2 s at 1M documents).
+            leaving = b.cut(live.join(_small(went, b.changed_rows), ["doc_id", "content_hash"], "left_semi"))
         else:
             live = _live_docs(b, base)
             leaving = b.keep(live.join(desired.select(*key), key, "left_anti"))
@@ -1039,7 +1075,7 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
         # document holds any more, plus those some document holds now and none did.
         base_dfe = (rows.select("term_id", "df_enriched").join(_small(moved.select("term_id"), n_moved), "term_id")
                     .groupBy("term_id").agg(F.sum("df_enriched").alias("base_dfe")))
-        met = b.keep(moved.join(_small(base_dfe, n_moved), "term_id", "left"))
+        met = b.cut(moved.join(_small(base_dfe, n_moved), "term_id", "left"))  # not kept: see `Build.cut`
         held = F.coalesce("base_dfe", zero) > 0
         after = F.coalesce("base_dfe", zero) + F.coalesce("d_df_enriched", zero)
         counts = met.agg(F.count(F.when(held & (after <= 0), 1)).alias("vanished"),
@@ -1073,6 +1109,8 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
             stats = kept.unionByName(new).where(F.col("df_enriched") > 0)
             versions = [b.version]
         stats = _of_version(b, stats.withColumn("df", F.coalesce("df", F.lit(0)).cast("long")), tables.TERM_STATS_SCHEMA)
+        if len(versions) > 1:  # only what moved: at most the moved terms
+            stats = _in_files(stats, n_moved, TERM_ROWS_PER_FILE)
         version = _replace(stats, b.uri(tables.TERM_STATS), "index_version", b.version, ["index_version"])
         return {"table_version": version, "total_terms": total_terms, "num_terms": num_terms, "versions": versions}
     stats = b.keep(_of_version(b, stats.withColumn("df", F.coalesce("df", F.lit(0)).cast("long")),
