@@ -656,7 +656,7 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
         analyses = out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
         (_in_files(analyses.drop("term_id", "term"), new, ANALYSIS_ROWS_PER_FILE)
          .write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
-        if changes is not None and b.moved is not None:
+        if b.moved is not None:
             b.moved = b.moved.unionByName(analyses.drop("analyzer_key", "term_id", "term").withColumn("sign", F.lit(1)))
         b.log(f"analysis: {new} documents analysed")
     return num_docs, new, stale
@@ -841,8 +841,7 @@ def original_df(b: Build, current: DataFrame, base: dict | None,
             _live_docs(b, base).select(*key, F.lit(True).alias("before")), key, "full_outer")
         came_went = b.keep(sides.where(F.col("now").isNull() | F.col("before").isNull()).select(
             *key, F.when(F.col("now"), F.lit(1)).otherwise(F.lit(-1)).alias("sign")))
-    changed = _require_analysis(b, came_went, "documents whose content came or went",
-                                b.moved if changes is not None else None)
+    changed = _require_analysis(b, came_went, "documents whose content came or went", b.moved)
     if b.enrichment is None:  # with enrichment, injections can change without the content: see `Build.changed`
         b.changed, b.changed_rows = changed, changed.count()
     # d_cf too: in a plain build the documents whose content moved are those entering and leaving, so this is the
@@ -868,6 +867,7 @@ def base_and_original_df(b: Build, docs: DataFrame, base: dict | None, changes: 
         return base, *original_df(b, current, base, changes), 0
     except MissingAnalysis as exc:
         b.log(f"full build: {exc}")
+        b.moved = None  # the night's analyses: a full build reads the whole table
         more = analyse_documents(b, docs)[1] if changes is not None else 0
         return None, *original_df(b, current, None), more
 
