@@ -11,7 +11,7 @@ tombstones and injections, publish):
    rewrite in between) they compare the whole table with the kept analyses and the base instead.
 1. `analyse_documents`: documents with no kept analysis for this analyzer are analysed (BatchAnalyzer inside
    mapInArrow); their new terms go to `term_dictionary` first, then the analysis to `doc_analysis`. A night
-   analyses only what is new or changed.
+   analyses only what is new or changed, and a plain one also what went, from the texts its change feed holds.
 2. `analyse_phrases` (enriched): the same for the DF-independent checks of each document's enrichment phrases.
 3. `original_df`: DF in the original corpus (the corpus-side DF rule and `term_stats.df`).
 4. `decide_injections` (enriched): the DF rule over every candidate phrase; each doc's injected terms and key.
@@ -114,6 +114,7 @@ def _sent_terms(build_id: str) -> TermSet:
 
 # The analysis output: a document row (term_id and term null) or a dictionary row (only term_id and term set).
 ANALYSIS_OUT = pa.schema([*_without(tables.DOC_ANALYSIS_SCHEMA, "analyzer_key"), *tables.TERM_DICTIONARY_SCHEMA])
+CHANGES_ANALYSIS_OUT = pa.schema([*ANALYSIS_OUT, pa.field("sign", pa.int32())])  # a night's changes, analysed
 PHRASES_OUT = pa.schema([*_without(tables.PHRASE_ANALYSIS_SCHEMA, "analyzer_key"), *tables.TERM_DICTIONARY_SCHEMA])
 
 
@@ -160,28 +161,47 @@ def warm_python_workers(spark: SparkSession, analyzer_json: str) -> threading.Th
     return thread
 
 
-def analyze_documents(analyzer_json: str, build_id: str):
-    """mapInArrow: (doc_id, content_hash, title, text) -> analysis rows + the dictionary rows of new terms."""
+def analyze_documents(analyzer_json: str, build_id: str, signed: bool = False):
+    """mapInArrow: (doc_id, content_hash, title, text) -> analysis rows + the dictionary rows of new terms. `signed`:
+    the rows are a night's changes (`Changes.rows`, with their sign, which their analysis rows keep); the terms of
+    those that went are in the dictionary already, so only those that came send new ones."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         analyzer, sent = _batch_analyzer(analyzer_json), _sent_terms(build_id)
+        schema = CHANGES_ANALYSIS_OUT if signed else ANALYSIS_OUT
         for batch in batches:
-            ids = batch.column("doc_id").to_pylist()
-            # index_text(title, text) in Arrow: no Python string per document (a leading space is no token).
-            terms = analyzer.analyze(pc.binary_join_element_wise(batch.column("title"), batch.column("text"), " ",
-                                                                 null_handling="skip"))
-            offsets = pa.array(terms.offsets.astype(np.int32))
-            new_ids, new_terms = terms.new_terms(sent)
-            yield from _with_dictionary_rows({
-                "doc_id": batch.column("doc_id").cast(pa.string()),
-                "content_hash": batch.column("content_hash").cast(pa.string()),
-                "doc_hash": pa.array([doc_hash(d) for d in ids], pa.int64()),
-                "doc_len": pa.array(terms.doc_lens, pa.int32()),
-                "term_ids": pa.ListArray.from_arrays(offsets, pa.array(terms.term_ids, pa.int64())),
-                "tfs": pa.ListArray.from_arrays(offsets, pa.array(terms.tfs, pa.int32())),
-            }, ANALYSIS_OUT, new_ids, new_terms).to_batches()
+            if signed:
+                came = pc.equal(batch.column("sign"), 1)
+                parts = [(batch.filter(came), True), (batch.filter(pc.invert(came)), False)]
+            else:
+                parts = [(batch, True)]
+            for part, spell in parts:
+                if part.num_rows:
+                    yield from _analysis_rows(analyzer, sent if spell else None, part, schema)
 
     return fn
+
+
+def _analysis_rows(analyzer: BatchAnalyzer, sent: TermSet | None, batch: pa.RecordBatch,
+                   schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The analysis rows of a batch's documents (and its `sign` when `schema` has one), then the dictionary rows of
+    the terms `sent` lacks (none without `sent`)."""
+    # index_text(title, text) in Arrow: no Python string per document (a leading space is no token).
+    terms = analyzer.analyze(pc.binary_join_element_wise(batch.column("title"), batch.column("text"), " ",
+                                                         null_handling="skip"))
+    offsets = pa.array(terms.offsets.astype(np.int32))
+    new_ids, new_terms = terms.new_terms(sent) if sent is not None else (np.empty(0, np.int64), [])
+    rows = {
+        "doc_id": batch.column("doc_id").cast(pa.string()),
+        "content_hash": batch.column("content_hash").cast(pa.string()),
+        "doc_hash": pa.array([doc_hash(d) for d in batch.column("doc_id").to_pylist()], pa.int64()),
+        "doc_len": pa.array(terms.doc_lens, pa.int32()),
+        "term_ids": pa.ListArray.from_arrays(offsets, pa.array(terms.term_ids, pa.int64())),
+        "tfs": pa.ListArray.from_arrays(offsets, pa.array(terms.tfs, pa.int32())),
+    }
+    if "sign" in schema.names:
+        rows["sign"] = batch.column("sign").cast(pa.int32())
+    yield from _with_dictionary_rows(rows, schema, new_ids, new_terms).to_batches()
 
 
 def analyze_phrases(analyzer_json: str):
@@ -549,7 +569,7 @@ def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: lis
 class Changes:
     """The net change of the docs table since the version a base index was built from."""
 
-    rows: DataFrame  # (doc_id, content_hash, sign, title, text): sign 1 came (with its text), -1 went
+    rows: DataFrame  # (doc_id, content_hash, sign, title, text): sign 1 came, -1 went (with its text as it was)
     came: int
     went: int
     num_docs: int  # documents now
@@ -597,18 +617,16 @@ def _net_changes(b: Build, uri: str, since: int, until: int) -> DataFrame:
     # A document as it was: the pre-image of its first change (none when that inserted it); as it is: the post-image
     # of its last (none when that deleted it). An update's pre-image comes before its post-image.
     order = F.col("_commit_version") * 2 + (F.col("_change_type") == "update_postimage").cast("long")
-    net = feed.groupBy("doc_id").agg(
-        F.min_by(F.struct("_change_type", "content_hash"), order).alias("first"),
-        F.max_by(F.struct("_change_type", "content_hash", "title", "text"), order).alias("last"))
+    image = F.struct("_change_type", "content_hash", "title", "text")
+    net = feed.groupBy("doc_id").agg(F.min_by(image, order).alias("first"), F.max_by(image, order).alias("last"))
     net = net.select("doc_id", F.when(F.col("first._change_type") != "insert", F.col("first.content_hash"))
                      .alias("before"), F.when(F.col("last._change_type") != "delete", F.col("last.content_hash"))
-                     .alias("after"), "last.title", "last.text")
+                     .alias("after"), "first", "last")
     differs = ~F.col("before").eqNullSafe(F.col("after"))
     came = net.where(F.col("after").isNotNull() & differs).select(
-        "doc_id", F.col("after").alias("content_hash"), F.lit(1).alias("sign"), "title", "text")
+        "doc_id", F.col("after").alias("content_hash"), F.lit(1).alias("sign"), "last.title", "last.text")
     went = net.where(F.col("before").isNotNull() & differs).select(
-        "doc_id", F.col("before").alias("content_hash"), F.lit(-1).alias("sign"),
-        F.lit(None).cast("string").alias("title"), F.lit(None).cast("string").alias("text"))
+        "doc_id", F.col("before").alias("content_hash"), F.lit(-1).alias("sign"), "first.title", "first.text")
     return b.keep(came.unionByName(went), StorageLevel.MEMORY_AND_DISK)
 
 
@@ -618,23 +636,27 @@ def _net_changes(b: Build, uri: str, since: int, until: int) -> DataFrame:
 def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None) -> tuple[int, int, int]:
     """Analyse the documents that have no kept analysis for this analyzer; returns how many documents there are,
     how many were analysed now, and how many kept analyses are of no current document (stale). With `changes`,
-    only the documents that came can lack one, and their texts come with the changes."""
+    only the documents that came can lack one, and their texts come with the changes; in a plain build, see
+    `_analyse_changes`."""
     uri = b.uri(tables.DOC_ANALYSIS)
     key = ["doc_id", "content_hash"]
     num_docs = changes.num_docs if changes is not None else row_count(b.uri(tables.DOCS), b.docs_version)
     if num_docs is None:
         num_docs = docs.count()
+    if changes is not None and b.enrichment is None:
+        return _analyse_changes(b, changes)
     todo, new, stale = docs.select(*key, "title", "text"), num_docs, 0
     if table_exists(uri):
         done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
-        kept = row_count(uri, partition=("analyzer_key", b.analyzer_key))
-        kept = done.count() if kept is None else kept
+        kept = _kept_analyses(b, done)
         if changes is not None:
-            came = changes.rows.where(F.col("sign") == 1).drop("sign")
-            # One scan of the kept analyses finds those of every document that came or went (their keys sent to every
-            # task: the corpus is not shuffled). What came with one is not analysed again, and the term counts of
-            # what moved (`original_df`) read these instead of scanning the table a second time. Cut from the table's
-            # lineage: Spark recomputes a kept frame over a table when the table is written, as it is below.
+            came = changes.rows.where(F.col("sign") == 1).select(*key, "title", "text")
+            # An enriched build: one scan of the kept analyses finds those of every document that came or went
+            # (their keys sent to every task: the corpus is not shuffled), so that a base whose analyses were
+            # compacted away is found out here (`base_and_original_df`): the documents its injections move need them
+            # too. What came with one is not analysed again, and the term counts of what moved (`original_df`) read
+            # these. Cut from the table's lineage: Spark recomputes a kept frame over a table when the table is
+            # written, as it is below.
             moved = changes.came + changes.went
             b.moved = b.cut(_small(changes.rows.select(*key, "sign"), moved).join(
                 b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key"), key))
@@ -651,15 +673,56 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
     b.log(f"analysis: {new} new or changed documents to analyse, {num_docs - new} kept from earlier builds")
     if new:
         out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
-        # The dictionary first: a kept analysis implies its terms are spelled (a kill in between re-analyses).
-        merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))
-        analyses = out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
-        (_in_files(analyses.drop("term_id", "term"), new, ANALYSIS_ROWS_PER_FILE)
-         .write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+        analyses = out.where(F.col("doc_id").isNotNull()).drop("term_id", "term")
+        _keep_analyses(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"), analyses, new)
         if b.moved is not None:
-            b.moved = b.moved.unionByName(analyses.drop("analyzer_key", "term_id", "term").withColumn("sign", F.lit(1)))
+            b.moved = b.moved.unionByName(analyses.withColumn("sign", F.lit(1)))
         b.log(f"analysis: {new} documents analysed")
     return num_docs, new, stale
+
+
+def _kept_analyses(b: Build, done: DataFrame) -> int:
+    kept = row_count(b.uri(tables.DOC_ANALYSIS), partition=("analyzer_key", b.analyzer_key))
+    return done.count() if kept is None else kept
+
+
+def _keep_analyses(b: Build, spelled: DataFrame, analyses: DataFrame, rows: int) -> None:
+    """Append the new terms `spelled` (term_id, term) to the dictionary, then `analyses` (`rows` of them; the
+    doc_analysis columns but analyzer_key, and maybe others) to the kept ones."""
+    # The dictionary first: a kept analysis implies its terms are spelled (a kill in between re-analyses).
+    merge_dictionary(b, spelled)
+    (_in_files(analyses.select(F.lit(b.analyzer_key).alias("analyzer_key"), *_without(
+        tables.DOC_ANALYSIS_SCHEMA, "analyzer_key").names), rows, ANALYSIS_ROWS_PER_FILE)
+     .write.format("delta").mode("append").partitionBy("analyzer_key").save(b.uri(tables.DOC_ANALYSIS)))
+
+
+def _analyse_changes(b: Build, changes: Changes) -> tuple[int, int, int]:
+    """`analyse_documents` of a plain build with the night's changes: every document that came or went is analysed
+    from the change feed's texts into `b.moved`, and those that came without a kept analysis are kept. The same
+    analyzer gives a document that went the terms the base holds for it; reading them back instead meant a scan of
+    every kept document's terms (6 s of a 1M-document night) to find a few of them. Only the keys of the kept
+    analyses are read, to find the documents that came with one already (their content came back)."""
+    key = ["doc_id", "content_hash"]
+    have, n_have, stale = None, 0, 0
+    if table_exists(b.uri(tables.DOC_ANALYSIS)):
+        done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
+        if changes.came:
+            # Cut from the table's lineage: the append below would re-plan a kept frame that reads it.
+            have = b.cut(_small(changes.rows.where(F.col("sign") == 1).select(*key), changes.came).join(done, key))
+            n_have = have.count()
+        stale = _kept_analyses(b, done) - (changes.num_docs - (changes.came - n_have))
+    new = changes.came - n_have
+    b.log(f"analysis: {new} new or changed documents to analyse, {changes.num_docs - new} kept from earlier builds; "
+          f"the {changes.went} whose content went analysed again from the change feed")
+    out = b.keep(changes.rows.mapInArrow(analyze_documents(b.analyzer_json, b.build_id, signed=True),
+                                         spark_ddl(CHANGES_ANALYSIS_OUT)))
+    b.moved = out.where(F.col("doc_id").isNotNull()).drop("term_id", "term")
+    if new:
+        came = b.moved.where(F.col("sign") == 1)
+        _keep_analyses(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"),
+                       came.join(_small(have, n_have), key, "left_anti") if n_have else came, new)
+        b.log(f"analysis: {new} documents analysed")
+    return changes.num_docs, new, stale
 
 
 # Kept analyses of documents that changed or left are dropped once they outnumber this share of the corpus (an
