@@ -41,9 +41,13 @@ floor comes early. On 1M synthetic documents (bench/results/searcher_scale_1m.js
 terms) at k=10 run 1.56x as fast pruned as exhaustive; queries with 30-60 pseudo-relevance-feedback expansion
 terms of similar bounds run as fast either way at k=10, and with k in the hundreds pruning runs slower: many of
 their postings are essential, and handling a candidate costs several times as much as scoring a posting. On a small shard the
-fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). So "auto" prunes
-queries of at most PRUNE_MAX_TERMS terms with k <= PRUNE_MAX_K whose terms hold at least PRUNE_MIN_POSTINGS
-postings in the shard, and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests
+fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). The smaller k, the sooner
+the floor is high: on 200k synthetic documents (4 shards of 50k, plain queries of ~30k postings per shard) auto ran
+2,606 q/s at k=10 with pruning from 65,536 postings, 3,031 from 16,384 and 3,184 from 8,192, while at k=64 pruning
+those queries cost (2,297 against 1,934 q/s); on BEIR scifact (5k docs, one shard) 8,192 cost 5% at k=10 and 16,384
+nothing. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= PRUNE_MAX_K whose
+terms hold at least PRUNE_MIN_POSTINGS postings in the shard (PRUNE_MIN_POSTINGS_SMALL_K for k <= SMALL_K), and
+scores the others exhaustively; "pruned" and "exhaustive" force one (the tests
 compare them). Both use the floors of other shards when selecting.
 """
 
@@ -70,6 +74,8 @@ SAMPLE_STRIDE = 16  # ... of every SAMPLE_STRIDE-th doc
 PRUNE_MAX_TERMS = 32  # "auto" prunes queries with at most this many terms, ...
 PRUNE_MAX_K = 64  # ... k up to this, ...
 PRUNE_MIN_POSTINGS = 65_536  # ... and at least this many postings in the shard; see above
+SMALL_K = 16  # ... or, for k up to this, ...
+PRUNE_MIN_POSTINGS_SMALL_K = 16_384  # ... at least this many
 MERGE_RATIO = 8  # a non-essential term is merged into the candidates when its list is this many times longer
 
 
@@ -313,7 +319,8 @@ class ShardIndex:
         if scorer == "auto":
             postings = np.bincount(query_of_term[keep], weights=self.indptr[rows + 1] - self.indptr[rows],
                                    minlength=len(queries))
-            prune = (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= PRUNE_MAX_K) & (postings >= PRUNE_MIN_POSTINGS)
+            least = PRUNE_MIN_POSTINGS_SMALL_K if k <= SMALL_K else PRUNE_MIN_POSTINGS
+            prune = (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= PRUNE_MAX_K) & (postings >= least)
         else:
             prune = np.full(len(queries), scorer == "pruned")
         ords = np.zeros((len(queries), k), dtype=np.int32)
