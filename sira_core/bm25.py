@@ -38,8 +38,8 @@ final partial sort, because the gathering costs more than the scoring at k = 100
 
 Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound, k is small and a
 floor comes early. On 1M synthetic documents (bench/results/searcher_scale_1m.json) plain queries (17
-terms) at k=10 run 1.56x as fast pruned as exhaustive; queries with 30-60 pseudo-relevance-feedback expansion
-terms of similar bounds run as fast either way at k=10, and with k in the hundreds pruning runs slower: many of
+terms) at k=10 run 1.56-1.85x as fast pruned as exhaustive (two runs); queries with 30-60 pseudo-relevance-feedback
+expansion terms of similar bounds 1.01-1.23x at k=10 (0.78x at 200k), and with k in the hundreds pruning runs slower: many of
 their postings are essential, and handling a candidate costs several times as much as scoring a posting. On a small shard the
 fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). The smaller k, the sooner
 the floor is high: on 200k synthetic documents (4 shards of 50k, plain queries of ~30k postings per shard) auto ran
