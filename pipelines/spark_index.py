@@ -638,16 +638,15 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
     how many were analysed now, and how many kept analyses are of no current document (stale). With `changes`,
     only the documents that came can lack one, and their texts come with the changes; in a plain build, see
     `_analyse_changes`."""
-    uri = b.uri(tables.DOC_ANALYSIS)
+    if changes is not None and b.enrichment is None:
+        return _analyse_changes(b, changes)
     key = ["doc_id", "content_hash"]
     num_docs = changes.num_docs if changes is not None else row_count(b.uri(tables.DOCS), b.docs_version)
     if num_docs is None:
         num_docs = docs.count()
-    if changes is not None and b.enrichment is None:
-        return _analyse_changes(b, changes)
     todo, new, stale = docs.select(*key, "title", "text"), num_docs, 0
-    if table_exists(uri):
-        done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
+    if table_exists(b.uri(tables.DOC_ANALYSIS)):
+        done = _analyses(b).select(*key)
         kept = _kept_analyses(b, done)
         if changes is not None:
             came = changes.rows.where(F.col("sign") == 1).select(*key, "title", "text")
@@ -658,8 +657,7 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
             # these. Cut from the table's lineage: Spark recomputes a kept frame over a table when the table is
             # written, as it is below.
             moved = changes.came + changes.went
-            b.moved = b.cut(_small(changes.rows.select(*key, "sign"), moved).join(
-                b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key"), key))
+            b.moved = b.cut(_small(changes.rows.select(*key, "sign"), moved).join(_analyses(b), key))
             have = b.moved.where(F.col("sign") == 1).select(*key)
             todo = b.keep(came.join(_small(have, changes.came), key, "left_anti"))
             new = todo.count()
@@ -681,7 +679,13 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
     return num_docs, new, stale
 
 
+def _analyses(b: Build) -> DataFrame:
+    """The kept analyses of this build's analyzer (doc_analysis without its analyzer_key)."""
+    return b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
+
+
 def _kept_analyses(b: Build, done: DataFrame) -> int:
+    """How many analyses `done` (this analyzer's, as `_analyses`) holds: from the Delta log when it knows."""
     kept = row_count(b.uri(tables.DOC_ANALYSIS), partition=("analyzer_key", b.analyzer_key))
     return done.count() if kept is None else kept
 
@@ -705,7 +709,7 @@ def _analyse_changes(b: Build, changes: Changes) -> tuple[int, int, int]:
     key = ["doc_id", "content_hash"]
     have, n_have, stale = None, 0, 0
     if table_exists(b.uri(tables.DOC_ANALYSIS)):
-        done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).select(*key)
+        done = _analyses(b).select(*key)
         if changes.came:
             # Cut from the table's lineage: the append below would re-plan a kept frame that reads it.
             have = b.cut(_small(changes.rows.where(F.col("sign") == 1).select(*key), changes.came).join(done, key))
@@ -828,7 +832,7 @@ def _analysis_of(b: Build, keys: DataFrame, rows: int | None = None) -> DataFram
     if b.changed is not None:  # the corpus-sized table is not scanned again for each
         done = b.changed.drop("sign")
     else:
-        done = b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
+        done = _analyses(b)
     return _small(keys, rows).join(done, ["doc_id", "content_hash"])
 
 
@@ -1049,8 +1053,8 @@ def write_segment(b: Build, entering: DataFrame, rows: int | None, whole_analysi
     """Doc ordinals, segment_docs and the postings of the documents entering segment `b.version`; with
     `whole_analysis` they are every document with a kept analysis and no injected terms."""
     if whole_analysis:
-        wide = (b.read(tables.DOC_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
-                .withColumn("inject_key", F.lit("")).withColumn("inj_term_ids", F.lit(None).cast("array<bigint>"))
+        wide = (_analyses(b).withColumn("inject_key", F.lit(""))
+                .withColumn("inj_term_ids", F.lit(None).cast("array<bigint>"))
                 .withColumn("inj_tfs", F.lit(None).cast("array<int>")))
     else:
         wide = _analysis_of(b, entering, rows)

@@ -36,19 +36,19 @@ HISTOGRAM_K it first guesses the threshold from every SAMPLE_STRIDE-th doc (kept
 it, so none of the k best is lost), and drops hits below the histogram bucket of the k-th best before the
 final partial sort, because the gathering costs more than the scoring at k = 1000.
 
-Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound, k is small and a
-floor comes early. On 1M synthetic documents (bench/results/searcher_scale_1m.json) plain queries (17
-terms) at k=10 run 1.56-1.85x as fast pruned as exhaustive (two runs); queries with 30-60 pseudo-relevance-feedback
-expansion terms of similar bounds 1.01-1.23x at k=10 (0.78x at 200k), and with k in the hundreds pruning runs slower: many of
-their postings are essential, and handling a candidate costs several times as much as scoring a posting. On a small shard the
-fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). The smaller k, the sooner
+Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound, k is small and a floor comes
+early. On 1M synthetic documents (bench/results/searcher_scale_1m.json) plain queries (17 terms) at k=10 run
+1.56-1.85x as fast pruned as exhaustive (two runs); queries with 30-60 pseudo-relevance-feedback expansion terms of
+similar bounds 1.01-1.23x at k=10 (0.78x at 200k), and with k in the hundreds pruning runs slower: many of their
+postings are essential, and handling a candidate costs several times as much as scoring a posting. On a small shard
+the fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). The smaller k, the sooner
 the floor is high: on 200k synthetic documents (4 shards of 50k, plain queries of ~30k postings per shard) auto ran
 2,606 q/s at k=10 with pruning from 65,536 postings, 3,031 from 16,384 and 3,184 from 8,192, while at k=64 pruning
 those queries cost (2,297 against 1,934 q/s); on BEIR scifact (5k docs, one shard) 8,192 cost 5% at k=10 and 16,384
-nothing. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= PRUNE_MAX_K whose
-terms hold at least PRUNE_MIN_POSTINGS postings in the shard (PRUNE_MIN_POSTINGS_SMALL_K for k <= SMALL_K), and
-scores the others exhaustively; "pruned" and "exhaustive" force one (the tests
-compare them). Both use the floors of other shards when selecting.
+nothing. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= PRUNE_MAX_K whose terms hold at least
+PRUNE_MIN_POSTINGS postings in the shard (PRUNE_MIN_POSTINGS_SMALL_K for k <= SMALL_K), and scores the others
+exhaustively; "pruned" and "exhaustive" force one (the tests compare them). Both use the floors of other shards when
+selecting.
 """
 
 from __future__ import annotations
