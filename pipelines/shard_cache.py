@@ -9,7 +9,8 @@ object-store warehouse):
 
     <root>/<warehouse key>/v<index version>-<manifest fingerprint>/shard-<s>.f<FORMAT_VERSION>/
         doc_id_offsets.npy doc_id_data.npy doc_lens.npy term_ids.npy indptr.npy doc_ords.npy impacts.npy
-        term_max.npy  (ShardIndex.arrays(): plain .npy, readable by any numpy)
+        term_max.npy tier_rows.npy tier_split.npy tier_max.npy  (ShardIndex.arrays(): plain .npy, readable by any
+        numpy)
         complete.json  (format version, fingerprint, every file's size and CRC32; written last)
 
 The warehouse key hashes the warehouse URI; the fingerprint hashes the whole manifest row (corpus_stats), so
@@ -47,7 +48,7 @@ from sira.core.bm25 import ShardIndex
 log = logging.getLogger("sira.shard_cache")
 
 CACHE_ENV = "SIRA_SHARD_CACHE"
-FORMAT_VERSION = 1  # bump when the arrays or their meaning change: old folders are then never opened
+FORMAT_VERSION = 2  # bump when the arrays or their meaning change: old folders are then never opened
 KEEP_VERSIONS = 2  # index versions kept per warehouse: the one being served and the one switched to
 MARKER = "complete.json"
 _TMP_PREFIX = ".tmp-"

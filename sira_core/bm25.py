@@ -8,51 +8,54 @@ A query is a set of (term id, weight) pairs.
 Scores are fixed-point sums. Each contribution w * impact is the product of two float32 values, exact in
 float64; it is rounded up to a multiple of 2^-FIXED_POINT_BITS and the contributions are added as int64.
 Integer addition does not depend on the order of its terms, so every evaluation order (all postings term
-at a time, or a per-shard order of terms with some merged into candidates later) gives the same bits, and
+at a time, or lists in any order with some merged into candidates later) gives the same bits, and
 upper bounds are exact integers: pruning needs no float slack to be safe. A score is returned as float64
 (the integer times 2^-32, exact below MAX_SCORE); its resolution, 2.3e-10, is far finer than float32's.
 
 Top-k uses a total order, (score desc, doc ordinal asc). Doc ordinals follow doc-id order inside a shard, so
 merging per-shard top-k by (score desc, doc id asc) equals the single-shard result exactly.
 
-Pruning (`top_k_many`): MaxScore, term at a time, over ranges of doc ordinals. A hit needs at least the floor:
-another shard's k-th best (passed in: the searcher scores its shards in turn), or, without one, the k-th best
-of the ranges already scored (a first range of 1/FIRST_RANGE_PARTS of the docs, then ranges four times as
-large). In a range, a term's bound is its weight times its largest impact (`term_max`, stored with the
-shard); terms go by bound, and the smallest ones whose bounds add up to less than the floor are
-non-essential: a doc none of the others holds cannot reach the floor. The essential terms are scored in
-full into the accumulator; the docs they reach whose partial score plus the non-essential bounds can reach
-the floor are the candidates, and the k-th best partial score raises the floor (partial scores only grow).
-Each non-essential term, largest bound first, then adds to the candidates only (a galloping merge in
-ordinal order when they are few for its list, else a scan), and the candidates the terms left cannot lift
-to the floor are dropped. Must / exclude terms and skipped documents are a doc mask, an exact filter applied
-before any document counts towards the floor. The per-doc steps (is a doc new, is it a candidate, does it stay
-one, does a non-essential posting land on one) are branch-free: their outcomes are coin tosses, and mispredicted
-branches had cost more than the work (on 1M documents, without them: plain k=10 1.00 against 0.82 ms a query,
-expanded 2.67 against 1.81 ms; bench/searcher_scale.py's shards, alternating runs).
+Pruning (`top_k_shards`; `top_k_many` for one shard): MaxScore over all shards of a call at once, term at a
+time. A term with at least TIER_MIN_POSTINGS postings in a shard is stored in two tiers (`split_tiers`, when the
+shard is built; caches keep them): its postings whose impact exceeds the TIER_QUANTILE quantile of its impacts,
+then the others, each in ordinal order. A query's lists are its terms' tiers in each shard; a list's bound is its
+weight times its largest impact (`term_max`, `tier_max`), and a shard's rest bound is the sum of the bounds of its
+lists not yet added. A hit needs at least the floor: the caller's (`floors`), raised by the k-th best partial
+score of the pooled docs (every allowed doc whose partial score reached the floor; partial scores only grow, so
+k of them prove that the k-th best final score is at least that much).
+1. Essential phase: lists by bound per posting, highest first (rare terms and high tiers: they lift the floor
+   and lower the rest bound most per posting read). A list is added in full, its new docs remembered as touched,
+   while its shard's rest bound (the list included) reaches the floor: a doc none of the lists left holds could
+   still reach it. Below the floor no new doc of that shard can; a list then still adds to the touched docs
+   while the rest bound is at least EXTEND_FRACTION of the floor (fewer candidates: a candidate costs more than
+   a posting), and the others are deferred.
+2. Candidate phase, shard by shard: the touched docs whose partial score plus the deferred bounds can reach the
+   floor; each deferred list, largest bound first, adds to them (a galloping merge in ordinal order when they
+   are few for its list, else a scan), and the candidates the lists left cannot lift to the floor are dropped.
+   Each shard's hits (exact scores) raise the floor for the shards after it.
+Must / exclude terms and skipped documents are a doc mask, an exact filter applied before any document counts
+towards the floor. The per-doc steps (is a doc new, is it a candidate, does it stay one) are branch-free: their
+outcomes are coin tosses, and mispredicted branches had cost more than the work. The accumulator is touched at
+random, so the essential phase asks for the cache line of the posting PREFETCH_DISTANCE ahead. What each step
+brought on 1M documents is in docs/benchmarks.md.
 
 Selection: the exhaustive scorer gathers hits above a threshold that rises as it goes; for k >=
 HISTOGRAM_K it first guesses the threshold from every SAMPLE_STRIDE-th doc (kept when at least k hits pass
 it, so none of the k best is lost), and drops hits below the histogram bucket of the k-th best before the
-final partial sort, because the gathering costs more than the scoring at k = 1000.
+final partial sort, because the gathering costs more than the scoring at k = 1000. It scores the shards in
+turn, each passing the k-th best so far on as the next one's floor.
 
-Which scorer (`scorer="auto"`): pruning pays when a few terms carry most of the bound, k is small and a floor comes
-early. On 1M synthetic documents (bench/results/searcher_scale_1m.json) plain queries (17 terms) at k=10 run
-1.56-1.85x as fast pruned as exhaustive (two runs); queries with 30-60 pseudo-relevance-feedback expansion terms of
-similar bounds 1.01-1.23x at k=10 (0.78x at 200k), and with k in the hundreds pruning runs slower: many of their
-postings are essential, and handling a candidate costs several times as much as scoring a posting. On a small shard
-the fixed work per query outweighs scoring a few thousand postings (bench/query_speed.py). The smaller k, the sooner
-the floor is high: on 200k synthetic documents (4 shards of 50k, plain queries of ~30k postings per shard) auto ran
-2,606 q/s at k=10 with pruning from 65,536 postings, 3,031 from 16,384 and 3,184 from 8,192, while at k=64 pruning
-those queries cost (2,297 against 1,934 q/s); on BEIR scifact (5k docs, one shard) 8,192 cost 5% at k=10 and 16,384
-nothing. So "auto" prunes queries of at most PRUNE_MAX_TERMS terms with k <= PRUNE_MAX_K whose terms hold at least
-PRUNE_MIN_POSTINGS postings in the shard (PRUNE_MIN_POSTINGS_SMALL_K for k <= SMALL_K), and scores the others
-exhaustively; "pruned" and "exhaustive" force one (the tests compare them). Both use the floors of other shards when
-selecting.
+Which scorer (`scorer="auto"`): pruning pays when k is small and the lists are long. On 1M synthetic documents
+(4 shards, 300 scifact queries, one thread) pruning ran plain queries (17 terms) at k=10 2.1x as fast as
+exhaustive scoring, queries with 30-60 pseudo-relevance-feedback expansion terms 2.7x; at k=100 plain 1.16x and
+expanded 0.80x (many candidates). With few postings the fixed work per query (its lists, their order) outweighs
+scoring them. So "auto" prunes queries with k <= PRUNE_MAX_K whose lists hold at least PRUNE_MIN_POSTINGS postings
+over all shards, and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests compare them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from dataclasses import dataclass
@@ -62,21 +65,25 @@ import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 IMPACT_DTYPE = np.float32  # impacts and query weights
 FIXED_POINT_BITS = 32
 _FIXED_SCALE = float(2**FIXED_POINT_BITS)
 MAX_SCORE = float(2 ** (53 - FIXED_POINT_BITS))  # int64 sums below 2^53 are exact in float64
-FIRST_RANGE_PARTS = 16  # without another shard's floor, the pruned scorer first scores this part of the docs
-FIRST_RANGE_MIN = 4096  # ... but at least this many
 HISTOGRAM_K = 128  # from this k, selection cuts by a histogram and guesses its threshold from a sample
 SAMPLE_STRIDE = 16  # ... of every SAMPLE_STRIDE-th doc
-PRUNE_MAX_TERMS = 32  # "auto" prunes queries with at most this many terms, ...
-PRUNE_MAX_K = 64  # ... k up to this, ...
-PRUNE_MIN_POSTINGS = 65_536  # ... and at least this many postings in the shard; see above
-SMALL_K = 16  # ... or, for k up to this, ...
-PRUNE_MIN_POSTINGS_SMALL_K = 16_384  # ... at least this many
-MERGE_RATIO = 8  # a non-essential term is merged into the candidates when its list is this many times longer
+ROW_SAMPLE = 64  # rows_of searches every ROW_SAMPLE-th term id first (a small array that stays in cache)
+TIER_MIN_POSTINGS = 4096  # a term with at least this many postings in a shard is stored in two tiers: ...
+TIER_QUANTILE = 0.9  # ... the postings whose impact exceeds this quantile of its impacts, then the others
+PRUNE_MAX_K = 64  # "auto" prunes queries with k up to this ...
+PRUNE_MIN_POSTINGS = 65_536  # ... whose lists hold at least this many postings over all shards; see above
+EXTEND_FRACTION = 0.8  # after the switch, lists go on adding to touched docs while the rest bound >= this x floor
+POOL_CAPACITY = 1024  # docs at or above the floor the pruned scorer keeps to raise it
+PREFETCH_DISTANCE = 16  # postings ahead whose accumulator line the essential phase asks for
+MERGE_RATIO = 8  # a deferred list is merged into the candidates (galloping) when it is this many times longer
 
 
 def idf(num_docs: int, df: np.ndarray) -> np.ndarray:
@@ -99,6 +106,25 @@ def term_maxima(indptr: np.ndarray, impacts: np.ndarray) -> np.ndarray:
     if len(held):
         out[held] = np.maximum.reduceat(impacts, indptr[held])
     return out
+
+
+def split_tiers(indptr: np.ndarray, doc_ords: np.ndarray, impacts: np.ndarray, min_postings: int | None = None,
+                quantile: float | None = None) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """Store each term with at least `min_postings` postings (TIER_MIN_POSTINGS) in two tiers, each in ordinal
+    order: first its postings whose impact exceeds the `quantile` (TIER_QUANTILE) of its impacts, then the
+    others. Returns (doc_ords, impacts, (tier_rows, tier_split, tier_max)): the rows split, where each one's low
+    tier begins, and the low tier's largest impact (term_max stays the high tier's). Scores do not change: a
+    list's order does not matter to a sum, and the pruned scorer bounds the low tier by its own maximum."""
+    min_postings = TIER_MIN_POSTINGS if min_postings is None else min_postings
+    quantile = TIER_QUANTILE if quantile is None else quantile
+    long_rows = np.flatnonzero(np.diff(indptr) >= max(min_postings, 2)).astype(np.int64)
+    if not len(long_rows):
+        return doc_ords, impacts, (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, IMPACT_DTYPE))
+    doc_ords, impacts = np.array(doc_ords, dtype=np.int32), np.array(impacts, dtype=IMPACT_DTYPE)
+    split = np.empty(len(long_rows), np.int64)
+    low_max = np.empty(len(long_rows), IMPACT_DTYPE)
+    kept = _split_tiers(indptr, doc_ords, impacts, long_rows, quantile, split, low_max)
+    return doc_ords, impacts, (long_rows[kept], split[kept], low_max[kept])
 
 
 def as_doc_id_array(doc_ids) -> pa.LargeStringArray:
@@ -177,10 +203,13 @@ class ShardIndex:
         doc_ords: np.ndarray,
         impacts: np.ndarray,
         term_max: np.ndarray | None = None,
+        tiers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ):
         """`doc_ids`: anything pyarrow takes as strings (list, numpy object array, Arrow array), sorted; doc
-        ordinal i is doc_ids[i]. `impacts`: > 0, as BM25 contributions are. `term_max`:
-        term_maxima(indptr, impacts), computed here when not given."""
+        ordinal i is doc_ids[i]. `doc_ords`: ascending within each term's postings. `impacts`: > 0, as BM25
+        contributions are. `term_max`: term_maxima(indptr, impacts), computed here when not given. `tiers`:
+        (tier_rows, tier_split, tier_max) as arrays() gives them, with doc_ords and impacts already in tier order;
+        when not given, the terms with at least TIER_MIN_POSTINGS postings are split here (split_tiers)."""
         doc_ids = as_doc_id_array(doc_ids)
         if len(doc_ids) != len(doc_lens):
             raise ValueError(f"shard {shard}: doc_ids and doc_lens differ in length")
@@ -196,13 +225,25 @@ class ShardIndex:
         self.doc_lens = _read_only(np.asarray(doc_lens, dtype=np.int32))
         self.term_ids = _read_only(np.asarray(term_ids, dtype=np.int64))
         self.indptr = _read_only(np.asarray(indptr, dtype=np.int64))
-        self.doc_ords = _read_only(np.asarray(doc_ords, dtype=np.int32))
-        self.impacts = _read_only(np.asarray(impacts, dtype=IMPACT_DTYPE))
-        term_max = term_maxima(self.indptr, self.impacts) if term_max is None else \
-            np.asarray(term_max, dtype=IMPACT_DTYPE)
+        doc_ords = np.asarray(doc_ords, dtype=np.int32)
+        impacts = np.asarray(impacts, dtype=IMPACT_DTYPE)
+        term_max = term_maxima(self.indptr, impacts) if term_max is None else np.asarray(term_max, dtype=IMPACT_DTYPE)
         if len(term_max) != len(self.term_ids):
             raise ValueError(f"shard {shard}: {len(term_max)} term maxima for {len(self.term_ids)} terms")
+        if tiers is None:
+            doc_ords, impacts, tiers = split_tiers(self.indptr, doc_ords, impacts)
+        tier_rows, tier_split, tier_max = (np.asarray(tiers[0], np.int64), np.asarray(tiers[1], np.int64),
+                                           np.asarray(tiers[2], IMPACT_DTYPE))
+        if not len(tier_rows) == len(tier_split) == len(tier_max) or (len(tier_rows) and (
+                tier_rows[0] < 0 or tier_rows[-1] >= len(self.term_ids) or np.any(np.diff(tier_rows) <= 0)
+                or np.any(tier_split <= self.indptr[tier_rows]) or np.any(tier_split >= self.indptr[tier_rows + 1]))):
+            raise ValueError(f"shard {shard}: inconsistent tiers")
+        self.doc_ords = _read_only(doc_ords)
+        self.impacts = _read_only(impacts)
         self.term_max = _read_only(term_max)
+        self.tier_rows, self.tier_split, self.tier_max = map(_read_only, (tier_rows, tier_split, tier_max))
+        # Every ROW_SAMPLE-th term id: rows_of searches this first, then one run of the full array.
+        self._row_sample = np.ascontiguousarray(self.term_ids[::ROW_SAMPLE])
         self.max_impact = float(self.term_max.max()) if len(self.term_max) else 0.0
         self._lock = threading.Lock()
         self._work: tuple[np.ndarray, ...] | None = None
@@ -241,13 +282,15 @@ class ShardIndex:
         """Every array of the shard by name (what a cache stores; doc ids as offsets + bytes)."""
         return {"doc_id_offsets": self.doc_id_offsets, "doc_id_data": self.doc_id_data, "doc_lens": self.doc_lens,
                 "term_ids": self.term_ids, "indptr": self.indptr, "doc_ords": self.doc_ords,
-                "impacts": self.impacts, "term_max": self.term_max}
+                "impacts": self.impacts, "term_max": self.term_max, "tier_rows": self.tier_rows,
+                "tier_split": self.tier_split, "tier_max": self.tier_max}
 
     @classmethod
     def from_arrays(cls, shard: int, arrays: dict[str, np.ndarray]) -> "ShardIndex":
         """The inverse of arrays(), without copying them."""
         return cls(shard, doc_ids_from_buffers(arrays["doc_id_offsets"], arrays["doc_id_data"]), arrays["doc_lens"],
-                   arrays["term_ids"], arrays["indptr"], arrays["doc_ords"], arrays["impacts"], arrays["term_max"])
+                   arrays["term_ids"], arrays["indptr"], arrays["doc_ords"], arrays["impacts"], arrays["term_max"],
+                   (arrays["tier_rows"], arrays["tier_split"], arrays["tier_max"]))
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays().values())
@@ -255,10 +298,17 @@ class ShardIndex:
     def rows_of(self, term_ids: np.ndarray) -> np.ndarray:
         """Row of each term id in this shard, -1 where the shard has no posting for it."""
         term_ids = np.asarray(term_ids, dtype=np.int64)
-        if len(self.term_ids) == 0:
-            return np.full(len(term_ids), -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.term_ids, term_ids), len(self.term_ids) - 1)
-        return np.where(self.term_ids[pos] == term_ids, pos, -1)
+        out = np.full(len(term_ids), -1, dtype=np.int64)
+        _rows_of(self.term_ids, self._row_sample, ROW_SAMPLE, term_ids, out)
+        return out
+
+    def segments(self, row: int) -> list[tuple[int, int]]:
+        """The posting ranges of a row, each in ordinal order: one, or two for a term stored in tiers."""
+        lo, hi = int(self.indptr[row]), int(self.indptr[row + 1])
+        t = int(np.searchsorted(self.tier_rows, row))
+        if t < len(self.tier_rows) and self.tier_rows[t] == row:
+            return [(lo, int(self.tier_split[t])), (int(self.tier_split[t]), hi)]
+        return [(lo, hi)]
 
     def ords_of(self, doc_ids: Iterable[str]) -> np.ndarray:
         """Sorted ordinals of those of `doc_ids` this shard holds (binary search: doc ids are sorted)."""
@@ -295,80 +345,28 @@ class ShardIndex:
         term. skip_ords[i]: ordinals query i must not return (excluded doc ids). floors[i]: query i needs no
         hit scoring below it (another shard already has k hits that good), so fewer than k may come back.
         scorer: "auto", "pruned" or "exhaustive" (module docstring); all return the same ordinals and scores."""
-        if k <= 0:
-            raise ValueError(f"k must be positive, got {k}")
-        if scorer not in ("auto", "pruned", "exhaustive"):
-            raise ValueError(f"scorer must be auto, pruned or exhaustive, got {scorer!r}")
-        k = min(k, max(self.num_docs, 1))
-        term_ptr, all_ids = _ragged([q.term_ids for q in queries])
-        all_weights = np.concatenate([q.weights for q in queries] + [np.empty(0, IMPACT_DTYPE)])
-        query_of_term = np.repeat(np.arange(len(queries)), np.diff(term_ptr))
-        rows = self.rows_of(all_ids)
-        keep = rows >= 0
-        q_ptr = _kept_ptr(term_ptr, keep)
-        rows, weights = rows[keep], all_weights[keep].astype(np.float64)
-        heaviest = np.bincount(query_of_term[keep], weights=weights, minlength=len(queries))
-        if np.any(heaviest * self.max_impact >= MAX_SCORE / 2):
-            raise ValueError(f"query weights too large: scores would exceed {MAX_SCORE / 2:g}")
-        weight_scale = weights * _FIXED_SCALE
-        fixed_floors = np.zeros(len(queries), dtype=np.int64) if floors is None else \
-            np.round(np.asarray(floors, dtype=np.float64) * _FIXED_SCALE).astype(np.int64)
-        constraints = constraints or [((), ())] * len(queries)
-        skip_ords = skip_ords or [None] * len(queries)
-        masks = [self.constraint_mask(must, exclude, skip) for (must, exclude), skip in zip(constraints, skip_ords)]
-        if scorer == "auto":
-            postings = np.bincount(query_of_term[keep], weights=self.indptr[rows + 1] - self.indptr[rows],
-                                   minlength=len(queries))
-            least = PRUNE_MIN_POSTINGS_SMALL_K if k <= SMALL_K else PRUNE_MIN_POSTINGS
-            prune = (np.diff(q_ptr) <= PRUNE_MAX_TERMS) & (k <= PRUNE_MAX_K) & (postings >= least)
-        else:
-            prune = np.full(len(queries), scorer == "pruned")
-        ords = np.zeros((len(queries), k), dtype=np.int32)
-        fixed = np.zeros((len(queries), k), dtype=np.int64)
-        counts = np.zeros(len(queries), dtype=np.int64)
-        # Unconstrained queries share one compiled call per scorer; a constrained one is scored alone under its
-        # doc mask.
-        constrained = np.fromiter((m is not None for m in masks), dtype=bool, count=len(masks))
-        groups = [np.flatnonzero(~constrained & prune), np.flatnonzero(~constrained & ~prune)] + \
-            [np.array([i]) for i in np.flatnonzero(constrained)]
-        for group in (g for g in groups if len(g)):
-            # The group's query terms, in order: a ragged slice of the batch (numpy, not a Python loop per query).
-            lengths = q_ptr[group + 1] - q_ptr[group]
-            sub_ptr = np.zeros(len(group) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=sub_ptr[1:])
-            picked = np.repeat(q_ptr[group] - sub_ptr[:-1], lengths) + np.arange(sub_ptr[-1], dtype=np.int64)
-            mask = masks[group[0]] if masks[group[0]] is not None else np.empty(0, np.uint8)
-            with self._lock:  # the kernels share this shard's work arrays
-                work = self._work_arrays()
-                if not prune[group[0]]:
-                    acc, values, spare, touched, _, hit_ords, spare_o, _ = work
-                    out = _exhaustive_top_k(self.indptr, self.doc_ords, self.impacts, sub_ptr, rows[picked],
-                                            weight_scale[picked], fixed_floors[group], k, self.num_docs, mask,
-                                            acc, values, spare, touched, hit_ords, spare_o)
-                else:
-                    acc, values, spare, touched, cand, hit_ords, spare_o, marks = work
-                    out = _pruned_top_k(self.indptr, self.doc_ords, self.impacts, self.term_max, self.num_docs,
-                                        sub_ptr, rows[picked], weight_scale[picked], fixed_floors[group], k, mask,
-                                        max(self.num_docs // FIRST_RANGE_PARTS, FIRST_RANGE_MIN), MERGE_RATIO,
-                                        acc, values, spare, touched, cand, hit_ords, spare_o, marks)
-            ords[group], fixed[group], counts[group] = out
-        return ords, fixed * (1.0 / _FIXED_SCALE), counts
+        return top_k_shards([self], queries, k, constraints, None if skip_ords is None else [skip_ords], scorer,
+                            floors)[0]
 
     def _work_arrays(self) -> tuple[np.ndarray, ...]:
         """Per-doc arrays the kernels reuse from query to query instead of allocating and zeroing them each
-        time: acc (left zeroed), values, spare (int64); touched, cand, hit_ords, spare_o (int32); marks (a
-        bitmap, left zeroed). Made on first use: a shard that is only loaded costs nothing."""
+        time: acc (left zeroed), values, spare (int64); touched, cand (n + 1: the pruned scorer writes one past
+        the docs it counts), hit_ords, spare_o (int32); marks, pooled (bitmaps, left zeroed). Made on first use:
+        a shard that is only loaded costs nothing."""
         if self._work is None:
             n = self.num_docs
-            self._work = (np.zeros(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
-                          np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32),
-                          np.zeros(n // 64 + 1, np.uint64))
+            self._work = (np.zeros(n, np.int64), np.empty(n + 1, np.int64), np.empty(n + 1, np.int64),
+                          np.empty(n + 1, np.int32), np.empty(n + 1, np.int32), np.empty(n + 1, np.int32),
+                          np.empty(n + 1, np.int32), np.zeros(n // 64 + 1, np.uint64), np.zeros(n // 64 + 1, np.uint64))
         return self._work
 
     def docs_with_term(self, term_id_: int) -> np.ndarray:
         """Doc ordinals holding a term (sorted)."""
         row = self.rows_of(np.array([term_id_], dtype=np.int64))[0]
-        return self.doc_ords[self.indptr[row] : self.indptr[row + 1]] if row >= 0 else np.empty(0, np.int32)
+        if row < 0:
+            return np.empty(0, np.int32)
+        parts = [self.doc_ords[lo:hi] for lo, hi in self.segments(row)]
+        return parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
 
     def constraint_mask(self, must: Sequence[int], exclude: Sequence[int],
                         skip: np.ndarray | None = None) -> np.ndarray | None:
@@ -394,11 +392,104 @@ class ShardIndex:
         for term, row, w in zip(query.terms, self.rows_of(query.term_ids), query.weights):
             if row < 0:
                 continue
-            lo, hi = self.indptr[row], self.indptr[row + 1]
-            j = lo + np.searchsorted(self.doc_ords[lo:hi], doc_ord)
-            if j < hi and self.doc_ords[j] == doc_ord:
-                out[term] = float(w) * float(self.impacts[j])
+            for lo, hi in self.segments(row):
+                j = lo + np.searchsorted(self.doc_ords[lo:hi], doc_ord)
+                if j < hi and self.doc_ords[j] == doc_ord:
+                    out[term] = float(w) * float(self.impacts[j])
         return out
+
+
+def top_k_shards(
+    shards: Sequence[ShardIndex],
+    queries: Sequence[WeightedQuery],
+    k: int,
+    constraints: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+    skip_ords: Sequence[Sequence[np.ndarray]] | None = None,
+    scorer: str = "auto",
+    floors: np.ndarray | None = None,
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """ShardIndex.top_k_many over several shards of one index at once: per shard (ords [q, k] int32, scores
+    [q, k] float64, hit counts [q]), which merge_top_k turns into the top k of them all. skip_ords[s][i]: the
+    ordinals of shard s query i must not return. The pruned scorer handles all shards in one call, with one floor
+    per query; the exhaustive one scores the shards in turn, each passing the k-th best so far on as a floor."""
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    if scorer not in ("auto", "pruned", "exhaustive"):
+        raise ValueError(f"scorer must be auto, pruned or exhaustive, got {scorer!r}")
+    n_queries, n_shards = len(queries), len(shards)
+    k = min(k, max(sum(s.num_docs for s in shards), 1))
+    term_ptr, all_ids = _ragged([q.term_ids for q in queries])
+    all_weights = np.concatenate([q.weights for q in queries] + [np.empty(0, IMPACT_DTYPE)])
+    rows = np.stack([s.rows_of(all_ids) for s in shards]) if n_shards else np.empty((0, len(all_ids)), np.int64)
+    keep = np.any(rows >= 0, axis=0)
+    q_ptr = _kept_ptr(term_ptr, keep)
+    rows, weights = np.ascontiguousarray(rows[:, keep]), all_weights[keep].astype(np.float64)
+    query_of_term = np.repeat(np.arange(n_queries), np.diff(q_ptr))
+    heaviest = np.bincount(query_of_term, weights=weights, minlength=n_queries)
+    if np.any(heaviest * max((s.max_impact for s in shards), default=0.0) >= MAX_SCORE / 2):
+        raise ValueError(f"query weights too large: scores would exceed {MAX_SCORE / 2:g}")
+    weight_scale = weights * _FIXED_SCALE
+    fixed_floors = np.zeros(n_queries, dtype=np.int64) if floors is None else \
+        np.round(np.asarray(floors, dtype=np.float64) * _FIXED_SCALE).astype(np.int64)
+    constraints = constraints or [((), ())] * n_queries
+    masks = [[s.constraint_mask(must, exclude, None if skip_ords is None else skip_ords[si][i])
+              for i, (must, exclude) in enumerate(constraints)] for si, s in enumerate(shards)]
+    if scorer == "auto":
+        postings = np.zeros(n_queries)
+        for s, shard_rows in zip(shards, rows):
+            held = shard_rows >= 0
+            postings += np.bincount(query_of_term[held], minlength=n_queries,
+                                    weights=s.indptr[shard_rows[held] + 1] - s.indptr[shard_rows[held]])
+        prune = (k <= PRUNE_MAX_K) & (postings >= PRUNE_MIN_POSTINGS)
+    else:
+        prune = np.full(n_queries, scorer == "pruned")
+    ords = np.zeros((n_shards, n_queries, k), dtype=np.int32)
+    fixed = np.zeros((n_shards, n_queries, k), dtype=np.int64)
+    counts = np.zeros((n_shards, n_queries), dtype=np.int64)
+    # Unconstrained queries share one compiled call per scorer; a constrained one is scored alone under its
+    # doc masks.
+    constrained = np.fromiter((any(m[i] is not None for m in masks) for i in range(n_queries)), dtype=bool,
+                              count=n_queries)
+    groups = [np.flatnonzero(~constrained & prune), np.flatnonzero(~constrained & ~prune)] + \
+        [np.array([i]) for i in np.flatnonzero(constrained)]
+    empty_mask = np.empty(0, np.uint8)
+    with contextlib.ExitStack() as held:
+        for shard in sorted(shards, key=id):  # the kernels use the shards' work arrays; one order, no deadlock
+            held.enter_context(shard._lock)
+        works = [s._work_arrays() for s in shards]
+        for group in (g for g in groups if len(g)):
+            # The group's query terms, in order: a ragged slice of the batch (numpy, not a Python loop per query).
+            lengths = q_ptr[group + 1] - q_ptr[group]
+            sub_ptr = np.zeros(len(group) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=sub_ptr[1:])
+            picked = np.repeat(q_ptr[group] - sub_ptr[:-1], lengths) + np.arange(sub_ptr[-1], dtype=np.int64)
+            group_masks = tuple(m[group[0]] if m[group[0]] is not None else empty_mask for m in masks)
+            if prune[group[0]]:
+                out = _pruned_top_k(
+                    *(tuple(getattr(s, name) for s in shards) for name in (
+                        "indptr", "doc_ords", "impacts", "term_max", "tier_rows", "tier_split", "tier_max")),
+                    np.array([s.num_docs for s in shards], np.int64), sub_ptr, np.ascontiguousarray(rows[:, picked]),
+                    weight_scale[picked], fixed_floors[group], k, group_masks, MERGE_RATIO, EXTEND_FRACTION,
+                    POOL_CAPACITY, *(tuple(w[i] for w in works) for i in (0, 3, 4, 1, 2, 5, 6, 7, 8)))
+                for si in range(n_shards):
+                    ords[si, group], fixed[si, group], counts[si, group] = out[0][si], out[1][si], out[2][si]
+                continue
+            group_floors = fixed_floors[group]
+            for si, s in enumerate(shards):
+                acc, values, spare, touched, _, hit_ords, spare_o, _, _ = works[si]
+                k_s = min(k, max(s.num_docs, 1))
+                o, f, c = _exhaustive_top_k(s.indptr, s.doc_ords, s.impacts, sub_ptr, rows[si, picked],
+                                            weight_scale[picked], group_floors, k_s, s.num_docs, group_masks[si],
+                                            acc, values, spare, touched, hit_ords, spare_o)
+                ords[si, group, :k_s], fixed[si, group, :k_s], counts[si, group] = o, f, c
+                # The k-th best score so far: a later shard need not return hits below it (ties still may win on
+                # doc id), which lets it skip most of its gathering.
+                so_far = fixed[: si + 1, group].transpose(1, 0, 2).reshape(len(group), -1)
+                full = counts[: si + 1, group].sum(axis=0) >= k
+                if np.any(full):
+                    kth = -np.partition(-so_far, k - 1, axis=1)[:, k - 1]
+                    group_floors = np.where(full, np.maximum(group_floors, kth), group_floors)
+    return [(ords[si], fixed[si] * (1.0 / _FIXED_SCALE), counts[si]) for si in range(n_shards)]
 
 
 def merge_top_k(scores: Sequence[np.ndarray], ords: Sequence[np.ndarray], counts: Sequence[np.ndarray],
@@ -561,7 +652,8 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
     for q in range(n_queries):
         n_postings = 0
         for i in range(q_ptr[q], q_ptr[q + 1]):
-            n_postings += indptr[rows[i] + 1] - indptr[rows[i]]
+            if rows[i] >= 0:  # -1: a term this shard lacks (another shard of the call holds it)
+                n_postings += indptr[rows[i] + 1] - indptr[rows[i]]
         m = 0
         if n_postings * 4 < n_docs:
             # Few postings: remember touched docs so accumulation, selection and reset cost O(postings).
@@ -569,6 +661,8 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
             n_touched = 0
             for i in range(q_ptr[q], q_ptr[q + 1]):
                 r = rows[i]
+                if r < 0:
+                    continue
                 w = weight_scale[i]
                 for j in range(indptr[r], indptr[r + 1]):
                     d = doc_ords[j]
@@ -589,6 +683,8 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
             # k-th best. (Gathering inline here: a helper call per hit costs 3x as much.)
             for i in range(q_ptr[q], q_ptr[q + 1]):
                 r = rows[i]
+                if r < 0:
+                    continue
                 w = weight_scale[i]
                 for j in range(indptr[r], indptr[r + 1]):
                     acc[doc_ords[j]] += _fixed(impacts[j], w)
@@ -677,23 +773,27 @@ def _kth_largest(acc, docs, n, k, heap):
         heap[i] = acc[docs[i]]
     heap[:k].sort()  # a sorted array is a min-heap
     for i in range(k, n):
-        v = acc[docs[i]]
-        if v <= heap[0]:
-            continue
-        # Replace the root, sift down.
-        j = 0
-        while True:
-            c = 2 * j + 1
-            if c >= k:
-                break
-            if c + 1 < k and heap[c + 1] < heap[c]:
-                c += 1
-            if heap[c] >= v:
-                break
-            heap[j] = heap[c]
-            j = c
-        heap[j] = v
+        _offer(heap, k, acc[docs[i]])
     return heap[0]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _offer(heap, k, v):
+    """Put v into the min-heap heap[:k] when it beats the root: replace the root, sift down."""
+    if v <= heap[0]:
+        return
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= k:
+            break
+        if c + 1 < k and heap[c + 1] < heap[c]:
+            c += 1
+        if heap[c] >= v:
+            break
+        heap[j] = heap[c]
+        j = c
+    heap[j] = v
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -708,155 +808,292 @@ def _keep_reaching(acc, cand, nc, need):
 
 
 @numba.njit(cache=True, nogil=True)
-def _range_candidates(indptr, doc_ords, impacts, term_max, rows, weight_scale, t0, n, d_lo, d_hi, n_docs, floor, k,
-                      allowed, merge_ratio, lo_of, hi_of, bound, order, pre, acc, touched, cand, spare, marks):
-    """MaxScore over the docs of ordinals [d_lo, d_hi) for one query (its terms rows[t0:t0 + n]). Returns (nc,
-    floor, n_touched, dense): cand[:nc] holds every doc of the range that may score at least the returned
-    (raised) floor, each with its exact score in acc; the caller resets acc, over touched[:n_touched] or,
-    when dense, over the whole range."""
-    filtered = allowed.size > 0
-    # Each term's postings in the range, and its bound; terms by bound ascending (insertion sort: tens of terms).
-    m = 0
-    for e in range(n):
-        i = t0 + e
+def _split_tiers(indptr, doc_ords, impacts, rows, quantile, split, low_max):
+    """split_tiers in place over doc_ords / impacts (copies); returns the indices of `rows` that were split (a row
+    whose impacts are all equal to its quantile stays one list)."""
+    longest = 0
+    for r in rows:
+        longest = max(longest, indptr[r + 1] - indptr[r])
+    ords_buf = np.empty(longest, np.int32)
+    imps_buf = np.empty(longest, impacts.dtype)
+    kept = np.empty(rows.size, np.int64)
+    n_kept = 0
+    for i in range(rows.size):
         lo, hi = indptr[rows[i]], indptr[rows[i] + 1]
-        if d_lo > 0:
-            lo = lo + np.searchsorted(doc_ords[lo:hi], d_lo)
-        if d_hi < n_docs and hi > lo:
-            hi = lo + np.searchsorted(doc_ords[lo:hi], d_hi)
-        if hi <= lo:
+        n = hi - lo
+        pos = min(np.int64(n * quantile), n - 1)
+        cut = np.partition(impacts[lo:hi], pos)[pos]
+        n_high = 0
+        for j in range(lo, hi):
+            n_high += impacts[j] > cut
+        if n_high == 0:
             continue
-        b = _fixed(term_max[rows[i]], weight_scale[i])
-        j = m
-        while j > 0 and bound[j - 1] > b:
-            bound[j] = bound[j - 1]
-            order[j] = order[j - 1]
-            lo_of[j] = lo_of[j - 1]
-            hi_of[j] = hi_of[j - 1]
-            j -= 1
-        bound[j] = b
-        order[j] = i
-        lo_of[j] = lo
-        hi_of[j] = hi
-        m += 1
-    pre[0] = 0
-    for e in range(m):
-        pre[e + 1] = pre[e] + bound[e]
-    # Terms [0, ne) are non-essential: together they cannot lift a doc none of the others holds to the floor.
-    ne = 0
-    while ne < m and pre[ne + 1] < floor:
-        ne += 1
-    essential_postings = 0
-    for e in range(ne, m):
-        essential_postings += hi_of[e] - lo_of[e]
-    dense = essential_postings * 4 >= d_hi - d_lo
-    n_touched = 0
-    for e in range(ne, m):
-        w = weight_scale[order[e]]
-        if dense:
-            for j in range(lo_of[e], hi_of[e]):
-                acc[doc_ords[j]] += _fixed(impacts[j], w)
-        else:
-            # Branch-free: whether a doc is new is a coin toss. Writing touched[n_touched] before knowing stays in
-            # bounds: sparse means fewer postings than a quarter of the range.
-            for j in range(lo_of[e], hi_of[e]):
-                d = doc_ords[j]
-                touched[n_touched] = d
-                n_touched += acc[d] == 0
-                acc[d] += _fixed(impacts[j], w)
-    # Candidates: docs the essential terms reach that the others may lift to the floor (dense: in ordinal order).
-    nc = 0
-    need = floor - pre[ne]
-    if dense:
-        for d in range(d_lo, d_hi):
-            cand[nc] = d
-            nc += (acc[d] >= need) & (not filtered or allowed[d] != 0)
-    else:
-        for t in range(n_touched):
-            d = touched[t]
-            cand[nc] = d
-            nc += (acc[d] >= need) & (not filtered or allowed[d] != 0)
-    # Partial scores only grow: the k-th best of them is a floor too, and a higher floor drops candidates now.
-    if nc > k:
-        raised = _kth_largest(acc, cand, nc, k, spare)
-        if raised > floor:
-            floor = raised
-            need = floor - pre[ne]
-            nc = _keep_reaching(acc, cand, nc, need)
-    if not dense:
-        nc = _in_ordinal_order(cand, nc, marks, d_lo >> 6, ((d_hi - 1) >> 6) + 1, cand)
-    # Each non-essential term, largest bound first, adds to the candidates (a galloping merge when they are few
-    # for its list, else a scan where only touched docs take contributions); then the candidates the terms
-    # left cannot lift to the floor are dropped.
-    for e in range(ne - 1, -1, -1):
-        if nc == 0:
-            break
-        w = weight_scale[order[e]]
-        lo, hi = lo_of[e], hi_of[e]
-        if hi - lo > merge_ratio * nc:
-            p = lo
-            for c in range(nc):
-                d = cand[c]
-                p = _gallop(doc_ords, p, hi, d)
-                if p >= hi:
-                    break
-                if doc_ords[p] == d:
-                    acc[d] += _fixed(impacts[p], w)
-                    p += 1
-        else:
-            for j in range(lo, hi):
-                d = doc_ords[j]
-                acc[d] += _fixed(impacts[j], w) * (acc[d] != 0)
-        nc = _keep_reaching(acc, cand, nc, floor - pre[e])
-    return nc, floor, n_touched, dense
+        ords_buf[:n] = doc_ords[lo:hi]
+        imps_buf[:n] = impacts[lo:hi]
+        a, b = lo, lo + n_high
+        top = impacts.dtype.type(0)
+        for j in range(n):
+            if imps_buf[j] > cut:
+                doc_ords[a] = ords_buf[j]
+                impacts[a] = imps_buf[j]
+                a += 1
+            else:
+                doc_ords[b] = ords_buf[j]
+                impacts[b] = imps_buf[j]
+                top = max(top, imps_buf[j])
+                b += 1
+        split[i] = lo + n_high
+        low_max[i] = top
+        kept[n_kept] = i
+        n_kept += 1
+    return kept[:n_kept]
 
 
 @numba.njit(cache=True, nogil=True)
-def _pruned_top_k(indptr, doc_ords, impacts, term_max, n_docs, q_ptr, rows, weight_scale, floors, k, allowed,
-                  first_range, merge_ratio, acc, values, spare, touched, cand, hit_ords, spare_o, marks):
+def _rows_of(term_ids, sample, stride, ids, out):
+    """out[i] = the row of ids[i] in term_ids (sorted), or stays -1: a search of `sample` (every stride-th term
+    id, small enough to stay in cache), then of one run of stride term ids: two or three cache misses where a
+    search of the whole array takes twenty."""
+    for i in range(ids.size):
+        t = ids[i]
+        b = np.searchsorted(sample, t, side="right") - 1
+        if b < 0:
+            continue
+        lo = b * stride
+        hi = min(lo + stride, term_ids.size)
+        p = lo + np.searchsorted(term_ids[lo:hi], t)
+        if p < hi and term_ids[p] == t:
+            out[i] = p
+
+
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Ask the CPU for the cache line of array[index] (llvm.prefetch for writing): the accumulator of a pruned
+    query is touched at random, and asking PREFETCH_DISTANCE postings ahead overlaps those misses."""
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        ary = context.make_array(array_type)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, array_type, ary, [args[1]], wraparound=False,
+                                       boundscheck=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.void(array, index), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def _pool_kth(accs, pool_s, pool_d, n_pool, k, heap):
+    """The k-th largest current partial score of the pooled docs (n_pool >= k; a min-heap, as _kth_largest)."""
+    for i in range(k):
+        heap[i] = accs[pool_s[i]][pool_d[i]]
+    heap[:k].sort()
+    for i in range(k, n_pool):
+        _offer(heap, k, accs[pool_s[i]][pool_d[i]])
+    return heap[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _pool_keep(accs, pooled_t, pool_s, pool_d, n_pool, floor, most):
+    """Keep the pooled docs whose partial score reaches the floor, at most `most` of them (ties at the floor may
+    be more; any k of the pooled docs give a floor); the others may come back later."""
+    kept = 0
+    for p in range(n_pool):
+        s, d = pool_s[p], pool_d[p]
+        if accs[s][d] >= floor and kept < most:
+            pool_s[kept] = s
+            pool_d[kept] = d
+            kept += 1
+        else:
+            pooled_t[s][d >> 6] &= ~(np.uint64(1) << np.uint64(d & 63))
+    return kept
+
+
+@numba.njit(cache=True, nogil=True)
+def _pruned_top_k(indptrs, doc_ords_t, impacts_t, term_max_t, tier_rows_t, tier_split_t, tier_max_t, n_docs_t,
+                  q_ptr, rows, weight_scale, floors, k, masks, merge_ratio, extend_fraction, pool_capacity, accs,
+                  toucheds, cands, values_t, spares, hit_ords_t, spare_os, marks_t, pooled_t):
+    """MaxScore over all shards at once (module docstring, "Pruning"). rows[s, i]: the row of term i in shard s
+    (-1: none). Returns per shard (ords [S, q, k] int32, fixed scores [S, q, k] int64, counts [S, q]), each row
+    best first, for merge_top_k."""
+    n_shards = len(indptrs)
     n_queries = q_ptr.size - 1
-    out_ords = np.zeros((n_queries, k), dtype=np.int32)
-    out_fixed = np.zeros((n_queries, k), dtype=np.int64)
-    counts = np.zeros(n_queries, dtype=np.int64)
+    out_ords = np.zeros((n_shards, n_queries, k), dtype=np.int32)
+    out_fixed = np.zeros((n_shards, n_queries, k), dtype=np.int64)
+    counts = np.zeros((n_shards, n_queries), dtype=np.int64)
     width = 1
     for q in range(n_queries):
-        width = max(width, q_ptr[q + 1] - q_ptr[q])
-    lo_of = np.empty(width, dtype=np.int64)
-    hi_of = np.empty(width, dtype=np.int64)
-    bound = np.empty(width, dtype=np.int64)
-    order = np.empty(width, dtype=np.int64)
-    pre = np.empty(width + 1, dtype=np.int64)
+        width = max(width, 2 * n_shards * (q_ptr[q + 1] - q_ptr[q]))
+    l_shard = np.empty(width, np.int64)
+    l_lo = np.empty(width, np.int64)
+    l_hi = np.empty(width, np.int64)
+    l_w = np.empty(width, np.float64)
+    l_bound = np.empty(width, np.int64)
+    l_key = np.empty(width, np.float64)
+    l_deferred = np.zeros(width, np.bool_)
+    deferred = np.empty(width, np.int64)
+    pre = np.empty(width + 1, np.int64)
+    rest = np.zeros(n_shards, np.int64)  # per shard: the bounds of its lists not yet added
+    n_touched = np.zeros(n_shards, np.int64)
+    capacity = max(pool_capacity, 2 * k)
+    pool_s = np.empty(capacity, np.int64)
+    pool_d = np.empty(capacity, np.int32)
+    heap = np.empty(k, np.int64)
+    best = np.empty(n_shards * k, np.int64)
     for q in range(n_queries):
-        t0 = q_ptr[q]
-        n = q_ptr[q + 1] - t0
-        # A hit must score at least the floor: another shard holds k hits that good (a tie may still win on
-        # doc id). Without one, a first range of docs is scored to set it, and each range raises it.
+        # The query's lists: per shard, one per term it holds, or two for a term stored in tiers.
+        n = 0
+        rest[:] = 0
+        for s in range(n_shards):
+            indptr, tier_rows = indptrs[s], tier_rows_t[s]
+            for i in range(q_ptr[q], q_ptr[q + 1]):
+                r = rows[s, i]
+                if r < 0:
+                    continue
+                w = weight_scale[i]
+                lo, hi = indptr[r], indptr[r + 1]
+                t = np.searchsorted(tier_rows, r)
+                mid = tier_split_t[s][t] if t < tier_rows.size and tier_rows[t] == r else hi
+                for part in range(2):
+                    a, b = (lo, mid) if part == 0 else (mid, hi)
+                    if b <= a:
+                        continue
+                    top = term_max_t[s][r] if part == 0 else tier_max_t[s][t]
+                    l_shard[n], l_lo[n], l_hi[n], l_w[n] = s, a, b, w
+                    l_bound[n] = _fixed(top, w)
+                    l_key[n] = -np.float64(l_bound[n]) / (b - a)
+                    l_deferred[n] = False
+                    rest[s] += l_bound[n]
+                    n += 1
+        # Essential phase: lists by bound per posting, highest first (they lift the floor and lower the rest
+        # bound most per posting). A list is added in full while its shard's rest bound (this list included)
+        # reaches the floor: a doc none of them holds could still reach it. Below the floor, no new doc can: the
+        # list is added to the docs already touched while the rest bound is still >= extend_fraction x floor
+        # (fewer candidates), else deferred to the candidate phase. The floor: the k-th best partial score of
+        # the pooled docs (every allowed doc whose partial score reached the floor), which only grows.
+        order = np.argsort(l_key[:n])
         floor = max(floors[q], np.int64(1))
-        d_lo = 0
-        d_hi = n_docs if floors[q] > 0 else min(n_docs, max(first_range, 1))
-        m = 0
-        while d_lo < n_docs:
-            nc, floor, n_touched, dense = _range_candidates(
-                indptr, doc_ords, impacts, term_max, rows, weight_scale, t0, n, d_lo, d_hi, n_docs, floor, k,
-                allowed, merge_ratio, lo_of, hi_of, bound, order, pre, acc, touched, cand, spare, marks)
+        n_pool = 0
+        n_touched[:] = 0
+        for x in range(n):
+            li = order[x]
+            s = l_shard[li]
+            acc, doc_ords, impacts = accs[s], doc_ords_t[s], impacts_t[s]
+            w, lo, hi = l_w[li], l_lo[li], l_hi[li]
+            if rest[s] < floor:
+                if np.float64(rest[s]) < extend_fraction * np.float64(floor):
+                    l_deferred[li] = True
+                    continue
+                for j in range(lo, hi):
+                    if j + PREFETCH_DISTANCE < hi:
+                        _prefetch(acc, doc_ords[j + PREFETCH_DISTANCE])
+                    d = doc_ords[j]
+                    acc[d] += _fixed(impacts[j], w) * (acc[d] != 0)
+                rest[s] -= l_bound[li]
+                continue
+            touched, pooled, mask = toucheds[s], pooled_t[s], masks[s]
+            filtered = mask.size > 0
+            m = n_touched[s]
+            for j in range(lo, hi):
+                if j + PREFETCH_DISTANCE < hi:
+                    _prefetch(acc, doc_ords[j + PREFETCH_DISTANCE])
+                d = doc_ords[j]
+                touched[m] = d  # branch-free: whether a doc is new is a coin toss (touched holds n_docs + 1)
+                v = acc[d]
+                m += v == 0
+                v += _fixed(impacts[j], w)
+                acc[d] = v
+                if v >= floor and (not filtered or mask[d] != 0):
+                    bit = np.uint64(1) << np.uint64(d & 63)
+                    if pooled[d >> 6] & bit == 0:
+                        pooled[d >> 6] |= bit
+                        pool_s[n_pool] = s
+                        pool_d[n_pool] = d
+                        n_pool += 1
+                        if n_pool == capacity:
+                            floor = max(floor, _pool_kth(accs, pool_s, pool_d, n_pool, k, heap))
+                            n_pool = _pool_keep(accs, pooled_t, pool_s, pool_d, n_pool, floor, capacity // 2)
+            n_touched[s] = m
+            rest[s] -= l_bound[li]
+            if n_pool >= k:
+                floor = max(floor, _pool_kth(accs, pool_s, pool_d, n_pool, k, heap))
+                n_pool = _pool_keep(accs, pooled_t, pool_s, pool_d, n_pool, floor, capacity // 2)
+        for p in range(n_pool):
+            pooled_t[pool_s[p]][pool_d[p] >> 6] = 0
+        # Candidate phase, shard by shard: the touched docs the deferred lists may lift to the floor.
+        n_best = 0
+        for s in range(n_shards):
+            acc, doc_ords, impacts, mask = accs[s], doc_ords_t[s], impacts_t[s], masks[s]
+            touched, cand, values, hit_ords = toucheds[s], cands[s], values_t[s], hit_ords_t[s]
+            filtered = mask.size > 0
+            # Deferred lists of this shard by bound ascending; pre[e]: the bounds of the first e.
+            nd = 0
+            for x in range(n):
+                li = order[x]
+                if l_shard[li] == s and l_deferred[li]:
+                    j = nd
+                    while j > 0 and l_bound[deferred[j - 1]] > l_bound[li]:
+                        deferred[j] = deferred[j - 1]
+                        j -= 1
+                    deferred[j] = li
+                    nd += 1
+            pre[0] = 0
+            for e in range(nd):
+                pre[e + 1] = pre[e] + l_bound[deferred[e]]
+            need = floor - pre[nd]
+            nc = 0
+            for t in range(n_touched[s]):
+                d = touched[t]
+                cand[nc] = d
+                nc += (acc[d] >= need) & (not filtered or mask[d] != 0)
+            # Partial scores only grow: the k-th best of them is a floor too.
+            if nc > k:
+                raised = _kth_largest(acc, cand, nc, k, spares[s])
+                if raised > floor:
+                    floor = raised
+                    nc = _keep_reaching(acc, cand, nc, floor - pre[nd])
+            if nd > 0 and nc > 0:
+                nc = _in_ordinal_order(cand, nc, marks_t[s], 0, ((n_docs_t[s] - 1) >> 6) + 1, cand)
+            # Each deferred list, largest bound first, adds to the candidates (a galloping merge when they are
+            # few for its list, else a scan where only touched docs take contributions); then the candidates the
+            # lists left cannot lift to the floor are dropped.
+            for e in range(nd - 1, -1, -1):
+                if nc == 0:
+                    break
+                li = deferred[e]
+                w, lo, hi = l_w[li], l_lo[li], l_hi[li]
+                if hi - lo > merge_ratio * nc:
+                    p = lo
+                    for c in range(nc):
+                        d = cand[c]
+                        p = _gallop(doc_ords, p, hi, d)
+                        if p >= hi:
+                            break
+                        if doc_ords[p] == d:
+                            acc[d] += _fixed(impacts[p], w)
+                            p += 1
+                else:
+                    for j in range(lo, hi):
+                        d = doc_ords[j]
+                        acc[d] += _fixed(impacts[j], w) * (acc[d] != 0)
+                nc = _keep_reaching(acc, cand, nc, floor - pre[e])
+            m = 0
             for c in range(nc):
                 d = cand[c]
                 if acc[d] >= floor:
                     values[m] = acc[d]
                     hit_ords[m] = d
                     m += 1
-            if dense:
-                acc[d_lo:d_hi] = 0
-            else:
-                for t in range(n_touched):
-                    acc[touched[t]] = 0
-            if m > k:
-                m = _keep_best(values, hit_ords, m, k, spare, spare_o)
-            if m == k:
-                floor = max(floor, values[:m].min())
-            d_lo = d_hi
-            d_hi = min(n_docs, d_hi * 4)
-        counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
+            for t in range(n_touched[s]):
+                acc[touched[t]] = 0
+            got = _write_best(values, hit_ords, m, k, spares[s], spare_os[s], out_fixed[s, q], out_ords[s, q])
+            counts[s, q] = got
+            # The hits so far are exact scores: the k-th best of them is a floor for the shards after.
+            best[n_best : n_best + got] = out_fixed[s, q, :got]
+            n_best += got
+            if n_best >= k:
+                floor = max(floor, np.partition(best[:n_best], n_best - k)[n_best - k])
     return out_ords, out_fixed, counts
 
 

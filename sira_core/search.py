@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from sira.core.analysis import Analyzer
 from sira.core.bm25 import (IMPACT_DTYPE, CorpusStats, ShardIndex, WeightedQuery, as_doc_id_array, doc_id_buffers,
-                             merge_top_k)
+                             merge_top_k, top_k_shards)
 from sira.core.hashing import term_id
 
 
@@ -155,16 +155,9 @@ class Searcher:
         compiled = [self.compile(q) for q in queries]
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints] \
             if constraints is not None else None
-        per_shard = []
-        floors = None
-        for shard in self.shards:
-            skip = [shard.ords_of(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else None
-            per_shard.append(shard.top_k_many(compiled, k, ids, skip, scorer, floors))
-            # The k-th best score so far: a later shard need not return hits below it (ties still may win on
-            # doc id), which lets it prune from its first posting.
-            so_far = np.concatenate([scores for _, scores, _ in per_shard], axis=1)
-            if so_far.shape[1] >= k:
-                floors = -np.partition(-so_far, k - 1, axis=1)[:, k - 1]
+        skips = [[shard.ords_of(e) for e in exclude_doc_ids] for shard in self.shards] \
+            if exclude_doc_ids is not None else None
+        per_shard = top_k_shards(self.shards, compiled, k, ids, skips, scorer)
         if len(per_shard) == 1:
             merged = (np.zeros_like(per_shard[0][0], dtype=np.int64), *per_shard[0])
         else:

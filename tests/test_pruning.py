@@ -1,4 +1,4 @@
-"""Pruned top-k (two-phase MaxScore) returns exactly what exhaustive scoring returns: the same doc ordinals,
+"""Pruned top-k (MaxScore over all shards, lists in tiers) returns exactly what exhaustive scoring returns: the same doc ordinals,
 the same scores bit for bit, the same order among ties, with weighted parts, must and exclude terms, skipped
 documents, floors from other shards, one shard or several."""
 
@@ -15,9 +15,15 @@ from sira.core.search import QueryPart, merge_ranked
 PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stemmer="none", max_n=1),
                     bm25=BM25Params(k1=1.2, b=0.75))
 
-# Production settings, and a first range of a few docs (many ranges, each raising the floor) with merges
-# whenever a list is longer than the candidates (galloping, not scanning).
-SETTINGS = [(bm25.FIRST_RANGE_MIN, bm25.MERGE_RATIO), (7, 1)]
+# Production settings, and one that stresses every path: terms in tiers from 4 postings, merges whenever a list is
+# longer than the candidates (galloping, not scanning), many lists added to touched docs after the switch, and
+# a pool that is kept down to its k best whenever it holds 2k docs.
+SETTINGS = [(bm25.TIER_MIN_POSTINGS, bm25.MERGE_RATIO, bm25.EXTEND_FRACTION, bm25.POOL_CAPACITY), (4, 1, 0.3, 1)]
+
+
+def use_settings(monkeypatch, settings):
+    for name, value in zip(("TIER_MIN_POSTINGS", "MERGE_RATIO", "EXTEND_FRACTION", "POOL_CAPACITY"), settings):
+        monkeypatch.setattr(bm25, name, value)
 
 
 def synthetic_shard(n_docs: int, vocab: int, kind: str, seed: int) -> ShardIndex:
@@ -73,15 +79,13 @@ def reference_top_k(shard: ShardIndex, query: WeightedQuery, k: int, must=(), ex
     return top.astype(np.int32), acc[top] * 2.0**-bm25.FIXED_POINT_BITS
 
 
-@pytest.mark.parametrize("first_range, merge_ratio", SETTINGS)
+@pytest.mark.parametrize("settings", SETTINGS)
 @pytest.mark.parametrize("kind", ["zipf", "uniform", "flat"])
-def test_pruned_equals_exhaustive_and_reference(monkeypatch, first_range, merge_ratio, kind):
-    monkeypatch.setattr(bm25, "FIRST_RANGE_MIN", first_range)
-    monkeypatch.setattr(bm25, "FIRST_RANGE_PARTS", 10**9 if first_range < 100 else bm25.FIRST_RANGE_PARTS)
-    monkeypatch.setattr(bm25, "MERGE_RATIO", merge_ratio)
+def test_pruned_equals_exhaustive_and_reference(monkeypatch, settings, kind):
+    use_settings(monkeypatch, settings)
     vocab = 300
-    shard = synthetic_shard(6000, vocab, kind, seed=first_range)
-    rng = np.random.default_rng(merge_ratio)
+    shard = synthetic_shard(6000, vocab, kind, seed=settings[0])
+    rng = np.random.default_rng(settings[1])
     queries = [random_query(rng, vocab, kind != "uniform") for _ in range(40)]
     for k in (1, 10, 100, 1000):
         pruned = shard.top_k_many(queries, k, scorer="pruned")
@@ -93,11 +97,9 @@ def test_pruned_equals_exhaustive_and_reference(monkeypatch, first_range, merge_
                 assert scores[i, : counts[i]].tolist() == ref_scores.tolist(), (k, i)
 
 
-@pytest.mark.parametrize("first_range, merge_ratio", SETTINGS)
-def test_must_exclude_and_skipped_docs_are_exact_filters(monkeypatch, first_range, merge_ratio):
-    monkeypatch.setattr(bm25, "FIRST_RANGE_MIN", first_range)
-    monkeypatch.setattr(bm25, "FIRST_RANGE_PARTS", 10**9 if first_range < 100 else bm25.FIRST_RANGE_PARTS)
-    monkeypatch.setattr(bm25, "MERGE_RATIO", merge_ratio)
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_must_exclude_and_skipped_docs_are_exact_filters(monkeypatch, settings):
+    use_settings(monkeypatch, settings)
     vocab = 200
     shard = synthetic_shard(5000, vocab, "zipf", seed=3)
     rng = np.random.default_rng(4)
@@ -135,7 +137,7 @@ def zipf_text_corpus(n_docs: int, vocab: int, seed: int, duplicates: int = 0):
 
 @pytest.mark.parametrize("num_shards", [1, 3, 8])
 def test_sharded_pruned_search_equals_one_exhaustive_shard(monkeypatch, num_shards):
-    monkeypatch.setattr(bm25, "FIRST_RANGE_MIN", 50)
+    use_settings(monkeypatch, SETTINGS[1])
     docs = zipf_text_corpus(3000, 150, seed=num_shards, duplicates=40)
     one = build_searcher(docs, PLAIN, num_shards=1)
     many = build_searcher(docs, PLAIN, num_shards=num_shards)
