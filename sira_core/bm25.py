@@ -46,11 +46,12 @@ final partial sort, because the gathering costs more than the scoring at k = 100
 turn, each passing the k-th best so far on as the next one's floor.
 
 Which scorer (`scorer="auto"`): pruning pays when k is small and the lists are long. On 1M synthetic documents
-(4 shards, 300 scifact queries, one thread) pruning ran plain queries (17 terms) at k=10 2.1x as fast as
-exhaustive scoring, queries with 30-60 pseudo-relevance-feedback expansion terms 2.7x; at k=100 plain 1.16x and
-expanded 0.80x (many candidates). With few postings the fixed work per query (its lists, their order) outweighs
-scoring them. So "auto" prunes queries with k <= PRUNE_MAX_K whose lists hold at least PRUNE_MIN_POSTINGS postings
-over all shards, and scores the others exhaustively; "pruned" and "exhaustive" force one (the tests compare them).
+(bench/results/searcher_scale_1m.json and _run1.json: 4 shards, 300 scifact queries, one thread) pruning ran plain
+queries (17 terms) at k=10 2.0-2.4x as fast as exhaustive scoring, queries with 30-60 pseudo-relevance-feedback
+expansion terms 2.6-2.8x; at k=100 plain 1.1-1.2x and expanded 0.8-1.0x (many candidates). With few postings the
+fixed work per query (its lists, their order) outweighs scoring them. So "auto" prunes queries with k <=
+PRUNE_MAX_K whose lists hold at least PRUNE_MIN_POSTINGS postings over all shards, and scores the others
+exhaustively; "pruned" and "exhaustive" force one (the tests compare them).
 """
 
 from __future__ import annotations

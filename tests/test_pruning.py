@@ -1,6 +1,6 @@
-"""Pruned top-k (MaxScore over all shards, lists in tiers) returns exactly what exhaustive scoring returns: the same doc ordinals,
-the same scores bit for bit, the same order among ties, with weighted parts, must and exclude terms, skipped
-documents, floors from other shards, one shard or several."""
+"""Pruned top-k (MaxScore over all shards, lists in tiers) returns exactly what exhaustive scoring returns: the
+same doc ordinals, the same scores bit for bit, the same order among ties, with weighted parts, must and exclude
+terms, skipped documents, floors from other shards, one shard or several."""
 
 import numpy as np
 import pytest
