@@ -225,3 +225,25 @@ def test_a_large_k_whose_sampled_threshold_lets_too_few_hits_through_gathers_aga
     for scorer in ("exhaustive", "pruned"):
         ords_, scores = shard.top_k(query, k, scorer=scorer)
         assert ords_.tolist() == ref_ords.tolist() and scores.tolist() == ref_scores.tolist()
+
+
+def test_terms_in_tiers_keep_explain_and_constraints_exact(monkeypatch):
+    # Terms of >= 4 postings in two tiers: --explain's contributions still find every posting and add up to the
+    # score, and docs_with_term (must / exclude) still gives a term's docs sorted.
+    use_settings(monkeypatch, SETTINGS[1])
+    shard = synthetic_shard(2000, 100, "zipf", seed=9)
+    assert len(shard.tier_rows) > 0
+    monkeypatch.setattr(bm25, "TIER_MIN_POSTINGS", 10**9)
+    untiered = synthetic_shard(2000, 100, "zipf", seed=9)
+    assert len(untiered.tier_rows) == 0
+    for tid in shard.term_ids[:30]:
+        docs = shard.docs_with_term(int(tid))
+        assert np.all(np.diff(docs) > 0) and docs.tolist() == untiered.docs_with_term(int(tid)).tolist()
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        query = random_query(rng, 100)
+        ords, scores = shard.top_k(query, 10, scorer="pruned")
+        for o, score in zip(ords, scores):
+            parts = shard.contributions(int(o), query)
+            assert parts == untiered.contributions(int(o), query)
+            assert abs(sum(parts.values()) - score) <= len(parts) * 2.0**-bm25.FIXED_POINT_BITS
