@@ -49,8 +49,12 @@ Which scorer (`scorer="auto"`): pruning pays when k is small and the lists are l
 (bench/results/searcher_scale_1m.json and _run1.json: 4 shards, 300 scifact queries, one thread) pruning ran plain
 queries (17 terms) at k=10 2.0-2.4x as fast as exhaustive scoring, queries with 30-60 pseudo-relevance-feedback
 expansion terms 2.6-2.8x; at k=100 plain 1.1-1.2x and expanded 0.8-1.0x (many candidates). With few postings the
-fixed work per query (its lists, their order) outweighs scoring them. So "auto" prunes queries with k <=
-PRUNE_MAX_K whose lists hold at least PRUNE_MIN_POSTINGS postings over all shards, and scores the others
+fixed work per query (its lists, their order) outweighs scoring them; with lists that cover the corpus many times
+over (BEIR arguana: 94-term queries, 8 postings per document of one 8.7k-document shard) nearly every document is
+touched by the essential lists and the candidates cost more than dense accumulation (arguana k=10: 4,895 q/s
+pruned against 6,844 exhaustive). So "auto" prunes queries with k <= PRUNE_MAX_K whose lists hold at least
+PRUNE_MIN_POSTINGS postings over all shards and at most PRUNE_MAX_POSTINGS_PER_DOC per document (1M documents:
+0.6 plain, 0.9 expanded on average, 2.6 at most; with 2, auto lost 7% on expanded queries), and scores the others
 exhaustively; "pruned" and "exhaustive" force one (the tests compare them).
 """
 
@@ -80,7 +84,8 @@ ROW_SAMPLE = 64  # rows_of searches every ROW_SAMPLE-th term id first (a small a
 TIER_MIN_POSTINGS = 4096  # a term with at least this many postings in a shard is stored in two tiers: ...
 TIER_QUANTILE = 0.9  # ... the postings whose impact exceeds this quantile of its impacts, then the others
 PRUNE_MAX_K = 64  # "auto" prunes queries with k up to this ...
-PRUNE_MIN_POSTINGS = 65_536  # ... whose lists hold at least this many postings over all shards; see above
+PRUNE_MIN_POSTINGS = 65_536  # ... whose lists hold at least this many postings over all shards, ...
+PRUNE_MAX_POSTINGS_PER_DOC = 4  # ... and at most this many per document; see above
 EXTEND_FRACTION = 0.8  # after the switch, lists go on adding to touched docs while the rest bound >= this x floor
 POOL_CAPACITY = 1024  # docs at or above the floor the pruned scorer keeps to raise it
 PREFETCH_DISTANCE = 16  # postings ahead whose accumulator line the essential phase asks for
@@ -432,16 +437,26 @@ def top_k_shards(
     weight_scale = weights * _FIXED_SCALE
     fixed_floors = np.zeros(n_queries, dtype=np.int64) if floors is None else \
         np.round(np.asarray(floors, dtype=np.float64) * _FIXED_SCALE).astype(np.int64)
-    constraints = constraints or [((), ())] * n_queries
-    masks = [[s.constraint_mask(must, exclude, None if skip_ords is None else skip_ords[si][i])
-              for i, (must, exclude) in enumerate(constraints)] for si, s in enumerate(shards)]
+    # A constrained query (must / exclude terms, skipped docs) gets a doc mask per shard; the others none.
+    constrained = np.zeros(n_queries, dtype=bool)
+    if constraints is not None:
+        constrained |= np.fromiter((bool(len(must) or len(exclude)) for must, exclude in constraints), bool,
+                                   count=n_queries)
+    for per_query in skip_ords or ():
+        constrained |= np.fromiter((skip is not None and len(skip) > 0 for skip in per_query), bool, count=n_queries)
+    empty_mask = np.empty(0, np.uint8)
+    masks = {int(i): tuple(
+        s.constraint_mask(*(constraints[i] if constraints is not None else ((), ())),
+                          None if skip_ords is None else skip_ords[si][i]) for si, s in enumerate(shards))
+        for i in np.flatnonzero(constrained)}
     if scorer == "auto":
         postings = np.zeros(n_queries)
         for s, shard_rows in zip(shards, rows):
             held = shard_rows >= 0
             postings += np.bincount(query_of_term[held], minlength=n_queries,
                                     weights=s.indptr[shard_rows[held] + 1] - s.indptr[shard_rows[held]])
-        prune = (k <= PRUNE_MAX_K) & (postings >= PRUNE_MIN_POSTINGS)
+        docs = sum(s.num_docs for s in shards)
+        prune = (k <= PRUNE_MAX_K) & (postings >= PRUNE_MIN_POSTINGS) & (postings <= PRUNE_MAX_POSTINGS_PER_DOC * docs)
     else:
         prune = np.full(n_queries, scorer == "pruned")
     ords = np.zeros((n_shards, n_queries, k), dtype=np.int32)
@@ -449,11 +464,8 @@ def top_k_shards(
     counts = np.zeros((n_shards, n_queries), dtype=np.int64)
     # Unconstrained queries share one compiled call per scorer; a constrained one is scored alone under its
     # doc masks.
-    constrained = np.fromiter((any(m[i] is not None for m in masks) for i in range(n_queries)), dtype=bool,
-                              count=n_queries)
     groups = [np.flatnonzero(~constrained & prune), np.flatnonzero(~constrained & ~prune)] + \
         [np.array([i]) for i in np.flatnonzero(constrained)]
-    empty_mask = np.empty(0, np.uint8)
     with contextlib.ExitStack() as held:
         for shard in sorted(shards, key=id):  # the kernels use the shards' work arrays; one order, no deadlock
             held.enter_context(shard._lock)
@@ -464,7 +476,8 @@ def top_k_shards(
             sub_ptr = np.zeros(len(group) + 1, dtype=np.int64)
             np.cumsum(lengths, out=sub_ptr[1:])
             picked = np.repeat(q_ptr[group] - sub_ptr[:-1], lengths) + np.arange(sub_ptr[-1], dtype=np.int64)
-            group_masks = tuple(m[group[0]] if m[group[0]] is not None else empty_mask for m in masks)
+            group_masks = tuple(m if m is not None else empty_mask for m in masks[int(group[0])]) \
+                if constrained[group[0]] else (empty_mask,) * n_shards
             if prune[group[0]]:
                 out = _pruned_top_k(
                     *(tuple(getattr(s, name) for s in shards) for name in (
