@@ -423,7 +423,8 @@ def top_k_shards(
     if scorer not in ("auto", "pruned", "exhaustive"):
         raise ValueError(f"scorer must be auto, pruned or exhaustive, got {scorer!r}")
     n_queries, n_shards = len(queries), len(shards)
-    k = min(k, max(sum(s.num_docs for s in shards), 1))
+    total_docs = sum(s.num_docs for s in shards)
+    k = min(k, max(total_docs, 1))
     term_ptr, all_ids = _ragged([q.term_ids for q in queries])
     all_weights = np.concatenate([q.weights for q in queries] + [np.empty(0, IMPACT_DTYPE)])
     rows = np.stack([s.rows_of(all_ids) for s in shards]) if n_shards else np.empty((0, len(all_ids)), np.int64)
@@ -455,8 +456,8 @@ def top_k_shards(
             held = shard_rows >= 0
             postings += np.bincount(query_of_term[held], minlength=n_queries,
                                     weights=s.indptr[shard_rows[held] + 1] - s.indptr[shard_rows[held]])
-        docs = sum(s.num_docs for s in shards)
-        prune = (k <= PRUNE_MAX_K) & (postings >= PRUNE_MIN_POSTINGS) & (postings <= PRUNE_MAX_POSTINGS_PER_DOC * docs)
+        prune = (k <= PRUNE_MAX_K) & (postings >= PRUNE_MIN_POSTINGS) & \
+            (postings <= PRUNE_MAX_POSTINGS_PER_DOC * total_docs)
     else:
         prune = np.full(n_queries, scorer == "pruned")
     ords = np.zeros((n_shards, n_queries, k), dtype=np.int32)
@@ -484,7 +485,7 @@ def top_k_shards(
                         "indptr", "doc_ords", "impacts", "term_max", "tier_rows", "tier_split", "tier_max")),
                     np.array([s.num_docs for s in shards], np.int64), sub_ptr, np.ascontiguousarray(rows[:, picked]),
                     weight_scale[picked], fixed_floors[group], k, group_masks, MERGE_RATIO, EXTEND_FRACTION,
-                    POOL_CAPACITY, *(tuple(w[i] for w in works) for i in (0, 3, 4, 1, 2, 5, 6, 7, 8)))
+                    POOL_CAPACITY, *zip(*works))  # each work array, as a tuple over the shards
                 for si in range(n_shards):
                     ords[si, group], fixed[si, group], counts[si, group] = out[0][si], out[1][si], out[2][si]
                 continue
@@ -927,7 +928,7 @@ def _pool_keep(accs, pooled_t, pool_s, pool_d, n_pool, floor, most):
 @numba.njit(cache=True, nogil=True)
 def _pruned_top_k(indptrs, doc_ords_t, impacts_t, term_max_t, tier_rows_t, tier_split_t, tier_max_t, n_docs_t,
                   q_ptr, rows, weight_scale, floors, k, masks, merge_ratio, extend_fraction, pool_capacity, accs,
-                  toucheds, cands, values_t, spares, hit_ords_t, spare_os, marks_t, pooled_t):
+                  values_t, spares, toucheds, cands, hit_ords_t, spare_os, marks_t, pooled_t):
     """MaxScore over all shards at once (module docstring, "Pruning"). rows[s, i]: the row of term i in shard s
     (-1: none). Returns per shard (ords [S, q, k] int32, fixed scores [S, q, k] int64, counts [S, q]), each row
     best first, for merge_top_k."""
