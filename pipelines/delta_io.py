@@ -164,3 +164,44 @@ def merge_rows(uri: str, rows: pa.Table, key: Sequence[str], replace_when: str |
     if replace_when is not None:
         merger = merger.when_matched_update_all(predicate=replace_when)
     merger.when_not_matched_insert_all().execute()
+
+
+def changed_data_files(uri: str, since: int, until: int) -> list[str] | None:
+    """The data files (paths under the table root) that the commits after version `since` up to `until` added or
+    removed with a change of data: their rows are every row that came or went in between (a compaction, whose
+    rewrites change no data, adds none). None when a commit's log entry is gone (log retention), so that the
+    changes cannot be known this way."""
+    import json
+    import os
+    from urllib.parse import unquote
+
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    files: set[str] = set()
+    for version in range(since + 1, until + 1):
+        try:
+            with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as fh:
+                lines = fh.read().decode("utf-8").splitlines()
+        except (FileNotFoundError, OSError):
+            return None
+        for line in lines:
+            action = json.loads(line) if line.strip() else {}
+            for kind in ("add", "remove"):
+                entry = action.get(kind)
+                if entry is not None and entry.get("dataChange", True):
+                    files.add(unquote(entry["path"]))
+    return sorted(files)
+
+
+def read_data_files(uri: str, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
+    """`columns` of the table's data files `paths` (as `changed_data_files` names them), removed ones included while
+    they are still on disk (FileNotFoundError once vacuumed)."""
+    import os
+
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    fs, root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    parts = [pq.read_table(f"{root}/{p}", columns=list(columns), filesystem=fs) for p in paths]
+    return pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in columns})

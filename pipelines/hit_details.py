@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from sira.pipelines.delta_io import read_table
@@ -30,16 +31,37 @@ def read_documents(warehouse: str, doc_ids: Sequence[str], docs_version: int | N
 def injected_phrases(warehouse: str, manifest: dict, doc_ids: Sequence[str]) -> dict[str, list[str]]:
     """doc_id -> the enrichment phrases index version `manifest` injected into it (kept by the corpus-side DF
     filter), in proposal order; documents without any are left out, as are all of a plain index's."""
-    if not doc_ids or not manifest.get("enriched") or manifest.get("injections_table_version") is None:
+    if not doc_ids or not manifest.get("enriched"):
         return {}
-    t = read_table(tables.table_uri(warehouse, tables.INJECTIONS), manifest["injections_table_version"],
-                   [("index_version", "=", manifest["index_version"]), ("doc_id", "in", sorted(set(doc_ids)))],
-                   ["doc_id", "position", "phrase", "kept"])
+    t = version_injections(warehouse, manifest, doc_ids)
+    if t is None:
+        return {}
     t = t.filter(pc.field("kept")).sort_by([("doc_id", "ascending"), ("position", "ascending")])
     out: dict[str, list[str]] = {}
     for d, phrase in zip(t["doc_id"].to_pylist(), t["phrase"].to_pylist()):
         out.setdefault(d, []).append(phrase)
     return out
+
+
+def version_injections(warehouse: str, manifest: dict, doc_ids: Sequence[str] | None = None) -> pa.Table | None:
+    """(doc_id, position, phrase, kept, reason, min_df): the DF rule's decisions on the candidate phrases of the
+    documents (`doc_ids`, or all) of enriched index version `manifest`; None for a version without them. Each
+    document's decisions are those its segment keeps (sira.core.tables.SEGMENT_INJECTIONS): the newest of the
+    version's segments that holds it, where its live row is (a document that enters again enters a newer segment)."""
+    columns = ["doc_id", "position", "phrase", "kept", "reason", "min_df"]
+    ids = [("doc_id", "in", sorted(set(doc_ids)))] if doc_ids is not None else []
+    if manifest.get("segment_injections_table_version") is None:
+        if manifest.get("injections_table_version") is None:
+            return None
+        return read_table(tables.table_uri(warehouse, tables.INJECTIONS), manifest["injections_table_version"],
+                          [("index_version", "=", manifest["index_version"]), *ids], columns)
+    segments = [("segment", "in", list(manifest["segments"]))]
+    held = read_table(tables.table_uri(warehouse, tables.SEGMENT_DOCS), manifest["segment_docs_table_version"],
+                      [*segments, *ids], ["doc_id", "segment"])
+    live = held.group_by("doc_id").aggregate([("segment", "max")]).rename_columns(["doc_id", "segment"])
+    rows = read_table(tables.table_uri(warehouse, tables.SEGMENT_INJECTIONS),
+                      manifest["segment_injections_table_version"], [*segments, *ids], ["segment", *columns])
+    return rows.join(live, ["doc_id", "segment"], join_type="inner").select(columns)
 
 
 def hit_details(warehouse: str, manifest: dict, analyzer: Analyzer, program: RetrievalProgram,

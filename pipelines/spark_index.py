@@ -45,13 +45,14 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.errors import PySparkException
 from pyspark.storagelevel import StorageLevel
 from py4j.protocol import Py4JJavaError
 
-from sira.pipelines.delta_io import has_change_data, read_table, row_count, table_exists, table_version
+from sira.pipelines.delta_io import (changed_data_files, has_change_data, read_data_files, read_table, row_count,
+                                     table_exists, table_version)
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig, BatchAnalyzer, TermSet, index_text
 from sira.core.defaults import DEFAULT_TAU
@@ -423,12 +424,25 @@ def build_index(
         with b.step("original df"):
             base, orig_df, orig_delta, more = base_and_original_df(b, docs, base, changes)
             analysed += more
-        injections, per_doc, enrichment_info = None, None, _no_enrichment()
+        injections, per_doc, enrichment_info, moves = None, None, _no_enrichment(), None
         if enrichment is not None:
             with b.step("injections"):
-                injections, per_doc, enrichment_info = inject_enrichment(b, docs, orig_df, num_docs)
+                if base is not None and changes is not None:
+                    moves = incremental_injections(b, docs, base, changes, orig_df, orig_delta, num_docs)
+                if moves is None:
+                    injections, per_doc, enrichment_info = inject_enrichment(b, docs, orig_df, num_docs)
         with b.step("segment plan"):
-            plan = plan_segments(b, desired_documents(current, per_doc), base, policy)
+            plan = plan_segments(b, None if moves else desired_documents(current, per_doc), base, policy, moves)
+        if plan.entering is None:  # the policy's full build after a night's decisions: every document's now
+            with b.step("injections (all)"):
+                injections, per_doc, enrichment_info = inject_enrichment(b, docs, orig_df, num_docs)
+            plan = plan_segments(b, desired_documents(current, per_doc), None, policy)
+        elif moves is not None:
+            injections, enrichment_info = moves.injections, {**moves.info, **_moved_counts(base, plan)}
+        if injections is not None and plan.base is not None and moves is None:
+            # Decided for every document: the new segment keeps those of the documents it holds.
+            injections = injections.join(_small(plan.entering.select("doc_id"), plan.entering_rows), "doc_id",
+                                         "left_semi")
         # A plain full build whose kept analyses are exactly the current documents' reads them without a join.
         whole = plan.base is None and enrichment is None and stale == 0
         with b.step("segment"):
@@ -476,7 +490,8 @@ def corpus_stats_row(b: Build, num_docs: int, enrichment_info: dict, plan: Segme
         "num_shards": b.num_shards, "k1": b.preset.bm25.k1, "b": b.preset.bm25.b, "max_n": b.preset.analyzer.max_n,
         "analyzer_json": b.analyzer_json, **enrichment_info, "docs_table_version": b.docs_version,
         "term_stats_table_version": stats["table_version"], "postings_table_version": None,
-        "shard_docs_table_version": None, "injections_table_version": injections_version,
+        "shard_docs_table_version": None, "injections_table_version": None,
+        "segment_injections_table_version": injections_version,
         "built_at": datetime.now(timezone.utc), "layout": tables.INDEX_LAYOUT, "analyzer_key": b.analyzer_key,
         "segments": plan.segments, "base_version": plan.base_version, "num_tombstones": plan.num_tombstones,
         "segment_docs_table_version": seg["segment_docs_table_version"],
@@ -555,10 +570,13 @@ def _in_files(df: DataFrame, rows: int | None, rows_per_file: int) -> DataFrame:
     return df if rows is None else df.coalesce(max(1, -(-rows // rows_per_file)))
 
 
-def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: list[str]) -> int:
-    """Write `df` as the rows of `column = value` (a version's or a segment's), replacing any a killed build left."""
-    (df.write.format("delta").mode("overwrite").option("replaceWhere", f"{column} = {value}")
-     .partitionBy(*partition_by).save(uri))
+def _replace(df: DataFrame, uri: str, column: str, value: int, partition_by: list[str], evolve: bool = False) -> int:
+    """Write `df` as the rows of `column = value` (a version's or a segment's), replacing any a killed build left;
+    `evolve`: a table written before a column was added gains it."""
+    writer = df.write.format("delta").mode("overwrite").option("replaceWhere", f"{column} = {value}")
+    if evolve:
+        writer = writer.option("mergeSchema", "true")
+    writer.partitionBy(*partition_by).save(uri)
     return table_version(uri)
 
 
@@ -638,43 +656,27 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
     how many were analysed now, and how many kept analyses are of no current document (stale). With `changes`,
     only the documents that came can lack one, and their texts come with the changes; in a plain build, see
     `_analyse_changes`."""
-    if changes is not None and b.enrichment is None:
+    if changes is not None:
         return _analyse_changes(b, changes)
     key = ["doc_id", "content_hash"]
-    num_docs = changes.num_docs if changes is not None else row_count(b.uri(tables.DOCS), b.docs_version)
+    num_docs = row_count(b.uri(tables.DOCS), b.docs_version)
     if num_docs is None:
         num_docs = docs.count()
     todo, new, stale = docs.select(*key, "title", "text"), num_docs, 0
     if table_exists(b.uri(tables.DOC_ANALYSIS)):
         done = _analyses(b).select(*key)
         kept = _kept_analyses(b, done)
-        if changes is not None:
-            came = changes.rows.where(F.col("sign") == 1).select(*key, "title", "text")
-            # An enriched build: one scan of the kept analyses finds those of every document that came or went
-            # (their keys sent to every task: the corpus is not shuffled), so that a base whose analyses were
-            # compacted away is found out here (`base_and_original_df`): the documents its injections move need them
-            # too. What came with one is not analysed again, and the term counts of what moved (`original_df`) read
-            # these. Cut from the table's lineage: Spark recomputes a kept frame over a table when the table is
-            # written, as it is below.
-            moved = changes.came + changes.went
-            b.moved = b.cut(_small(changes.rows.select(*key, "sign"), moved).join(_analyses(b), key))
-            have = b.moved.where(F.col("sign") == 1).select(*key)
-            todo = b.keep(came.join(_small(have, changes.came), key, "left_anti"))
-            new = todo.count()
-        else:
-            # Which documents lack an analysis, on the keys alone; the texts are read for those only.
-            missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
-            new = missing.count()
-            if new < num_docs:
-                todo = todo.join(_small(missing, new), key)
+        # Which documents lack an analysis, on the keys alone; the texts are read for those only.
+        missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
+        new = missing.count()
+        if new < num_docs:
+            todo = todo.join(_small(missing, new), key)
         stale = kept - (num_docs - new)  # analyses of documents that changed or left since
     b.log(f"analysis: {new} new or changed documents to analyse, {num_docs - new} kept from earlier builds")
     if new:
         out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
         analyses = out.where(F.col("doc_id").isNotNull()).drop("term_id", "term")
         _keep_analyses(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"), analyses, new)
-        if b.moved is not None:
-            b.moved = b.moved.unionByName(analyses.withColumn("sign", F.lit(1)))
         b.log(f"analysis: {new} documents analysed")
     return num_docs, new, stale
 
@@ -701,7 +703,7 @@ def _keep_analyses(b: Build, spelled: DataFrame, analyses: DataFrame, rows: int)
 
 
 def _analyse_changes(b: Build, changes: Changes) -> tuple[int, int, int]:
-    """`analyse_documents` of a plain build with the night's changes: every document that came or went is analysed
+    """`analyse_documents` of a build with the night's changes: every document that came or went is analysed
     from the change feed's texts into `b.moved`, and those that came without a kept analysis are kept. The same
     analyzer gives a document that went the terms the base holds for it; reading them back instead meant a scan of
     every kept document's terms (6 s of a 1M-document night) to find a few of them. Only the keys of the kept
@@ -775,10 +777,11 @@ def merge_dictionary(b: Build, spelled: DataFrame) -> None:
     _in_files(new, n, TERM_ROWS_PER_FILE).write.format("delta").mode("append").save(uri)
 
 
-def _enrichment_phrases(b: Build, docs: DataFrame) -> tuple[DataFrame, int]:
-    """(doc_id, phrases, phrases_key) for the current content of each doc, and the enrichment table version."""
+def _enrichment_phrases(b: Build, docs: DataFrame, version: int | None = None) -> tuple[DataFrame, int]:
+    """(doc_id, phrases, phrases_key) for the current content of each doc of `docs` (doc_id, content_hash), and the
+    enrichment table version read (the newest unless given)."""
     uri = b.uri(tables.ENRICHMENT)
-    version = table_version(uri)
+    version = table_version(uri) if version is None else version
     if version is None:
         raise FileNotFoundError(f"no enrichment table at {uri}; run `sira enrich` first or pass --no-enrichment")
     choice = b.enrichment
@@ -798,23 +801,44 @@ def _enrichment_phrases(b: Build, docs: DataFrame) -> tuple[DataFrame, int]:
     return b.keep(phrases), version
 
 
-def analyse_phrases(b: Build, docs: DataFrame, phrases: DataFrame) -> None:
+def analyse_phrases(b: Build, docs: DataFrame, phrases: DataFrame, rows: int | None = None,
+                    texts: DataFrame | None = None) -> DataFrame | None:
+    """The DF-independent checks of the phrases (doc_id, content_hash, phrases_key, phrases) that lack a kept
+    analysis, kept. With `rows` (a night's few phrase lists), the kept analyses' keys stream past them, `texts`
+    (doc_id, content_hash, title, text) gives the documents' texts it holds (the docs table is read for the others),
+    and the return value is the kept analyses of `phrases`, those made now and those found."""
     uri = b.uri(tables.PHRASE_ANALYSIS)
-    todo = phrases
+    keys, doc = ["doc_id", "content_hash", "phrases_key"], ["doc_id", "content_hash"]
+    todo, found, n_found = phrases, None, 0
     if table_exists(uri):
-        done = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
-        todo = todo.join(done.select("doc_id", "content_hash", "phrases_key"),
-                         ["doc_id", "content_hash", "phrases_key"], "left_anti")
-    todo = todo.join(docs.select("doc_id", "content_hash", "title", "text"), ["doc_id", "content_hash"])
-    out = b.keep(todo.select("doc_id", "content_hash", "phrases_key", "phrases", "title", "text")
-                 .mapInArrow(analyze_phrases(b.analyzer_json), spark_ddl(PHRASES_OUT)))
-    if out.where(F.col("doc_id").isNotNull()).count():
+        done = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key).drop("analyzer_key")
+        if rows is None:
+            todo = todo.join(done.select(*keys), keys, "left_anti")
+        else:
+            found = b.cut(done.join(_small(phrases.select(*keys), rows), keys, "left_semi"))
+            n_found = found.count()
+            todo = phrases.join(_small(found.select(*keys), n_found), keys, "left_anti") if n_found else phrases
+    columns = ["doc_id", "content_hash", "phrases_key", "phrases", "title", "text"]
+    if texts is not None:
+        todo = b.cut(todo)
+        have = todo.join(texts, doc)
+        rest = b.cut(todo.join(texts.select(*doc), doc, "left_anti"))
+        n_rest = rest.count()
+        todo = have.unionByName(_small(rest, n_rest).join(docs.select(*doc, "title", "text"), doc)) if n_rest else have
+    else:
+        todo = todo.join(docs.select(*doc, "title", "text"), doc)
+    out = b.keep(todo.select(*columns).mapInArrow(analyze_phrases(b.analyzer_json), spark_ddl(PHRASES_OUT)))
+    made = out.where(F.col("doc_id").isNotNull()).drop("term_id", "term")
+    if made.count():
         merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))
-        (out.where(F.col("doc_id").isNotNull()).select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
-         .drop("term_id", "term").write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+        (made.select(F.lit(b.analyzer_key).alias("analyzer_key"), "*")
+         .write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
     elif not table_exists(uri):  # nothing proposed yet: an empty table, so that the decisions read no rows
         (b.spark.createDataFrame([], spark_ddl(tables.PHRASE_ANALYSIS_SCHEMA))
          .write.format("delta").mode("append").partitionBy("analyzer_key").save(uri))
+    if rows is None:
+        return None
+    return made.unionByName(found) if n_found else made
 
 
 # Up to this many rows, the small side of a join is sent to every task (a broadcast join) rather than the big side
@@ -867,7 +891,9 @@ def find_base(b: Build) -> dict | None:
                 and row["num_shards"] == b.num_shards and bool(row["enriched"]) == (e is not None)
                 and row["preset"] == b.preset.name
                 and (e is None or (row["tau"] == e.tau and row.get("enrichment_model") == e.model
-                                   and row.get("enrichment_prompt_version") == e.prompt_version))):
+                                   and row.get("enrichment_prompt_version") == e.prompt_version
+                                   # decisions kept per segment, which unchanged documents carry over
+                                   and row.get("segment_injections_table_version") is not None))):
             return row
     return None
 
@@ -883,6 +909,9 @@ def _read_live_docs(b: Build, base: dict) -> DataFrame:
     # Published segments and a published version's rows never change, so the tables' latest versions serve (a
     # pinned old table version could outlive the Delta log's retention).
     docs = b.read(tables.SEGMENT_DOCS).where(F.col("segment").isin(list(base["segments"])))
+    # Segments written before the decision columns: a plain one's values, which an enriched base never lacks.
+    docs = docs.select(*[c for c in docs.columns if c not in INJECTED_COLUMNS], *[
+        (F.coalesce(c, _not_injected(c)) if c in docs.columns else _not_injected(c)).alias(c) for c in INJECTED_COLUMNS])
     if base.get("num_tombstones"):
         dead = b.read(tables.TOMBSTONES).where(F.col("index_version") == base["index_version"])
         docs = docs.join(dead.select("segment", "shard", "doc_ord"), ["segment", "shard", "doc_ord"], "left_anti")
@@ -909,8 +938,8 @@ def original_df(b: Build, current: DataFrame, base: dict | None,
         came_went = b.keep(sides.where(F.col("now").isNull() | F.col("before").isNull()).select(
             *key, F.when(F.col("now"), F.lit(1)).otherwise(F.lit(-1)).alias("sign")))
     changed = _require_analysis(b, came_went, "documents whose content came or went", b.moved)
-    if b.enrichment is None:  # with enrichment, injections can change without the content: see `Build.changed`
-        b.changed, b.changed_rows = changed, changed.count()
+    # An enriched build adds the documents whose injections alone change (`_with_unchanged_movers`).
+    b.changed, b.changed_rows = changed, changed.count()
     # d_cf too: in a plain build the documents whose content moved are those entering and leaving, so this is the
     # whole change of term_stats (`term_statistics` takes it as is).
     delta = b.keep(_term_counts(changed, keep=("sign",)).groupBy("term_id")
@@ -952,16 +981,134 @@ def inject_enrichment(b: Build, docs: DataFrame, orig_df: DataFrame, num_docs: i
     return injections, per_doc, info
 
 
-def decide_injections(b: Build, phrases: DataFrame, orig_df: DataFrame, num_docs: int) -> tuple[DataFrame, DataFrame]:
-    """Every candidate phrase decided (the injections rows) and, per document with kept phrases, its injected
-    terms (inj_term_ids, inj_tfs) and their key."""
-    kept_analysis = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
-    cands = (phrases.select("doc_id", "content_hash", "phrases_key")
-             .join(kept_analysis, ["doc_id", "content_hash", "phrases_key"])
-             .select("doc_id", F.posexplode("candidates").alias("position", "c")))
+@dataclass
+class InjectionMoves:
+    """An enriched night's documents that enter the new segment (their content came, their enrichment or the DF
+    rule's decisions on it changed), as `desired_documents` rows with their decisions, and the ids of every document
+    whose live row leaves (those and what went)."""
+
+    entering: DataFrame
+    rows: int
+    leaving_ids: DataFrame
+    leaving_rows: int
+    injections: DataFrame  # the decisions of the entering documents' candidates
+    info: dict  # corpus_stats' enrichment columns, but the phrase counts (`_moved_counts`)
+
+
+# A night whose enrichment changed more than this share of the documents decides every document's injections again.
+MAX_TOUCHED_FRACTION = 0.2
+
+
+def incremental_injections(b: Build, docs: DataFrame, base: dict, changes: Changes, orig_df: DataFrame,
+                           orig_delta: DataFrame, num_docs: int) -> InjectionMoves | None:
+    """The injections an enriched night changes, deciding only the documents whose decisions can change: those
+    whose content came, those with enrichment rows that came or went since the base's enrichment table version,
+    and those with a candidate phrase holding a term whose side of the DF limit (tau x |C|) moved. The others keep
+    their base decisions, which equal a rebuild's: a phrase's decision is whether any of its terms has a DF within
+    the limit. None when the enrichment table's changes cannot be read (a decision of every document follows)."""
+    uri = b.uri(tables.ENRICHMENT)
+    version, since = table_version(uri), base.get("enrichment_table_version")
+    if version is None:
+        raise FileNotFoundError(f"no enrichment table at {uri}; run `sira enrich` first or pass --no-enrichment")
+    files = changed_data_files(uri, int(since), version) if since is not None and version >= since else None
+    try:
+        touched = None if files is None else pc.unique(read_data_files(uri, files, ["doc_id"]).column("doc_id"))
+    except FileNotFoundError:
+        touched = None
+    if touched is None or len(touched) > MAX_TOUCHED_FRACTION * num_docs:
+        b.log(f"injections: the changes of {uri} since v{since} are "
+              + ("unknown (log or files gone)" if touched is None else f"{len(touched)} documents'")
+              + ": deciding every document's injections")
+        return None
+    key = ["doc_id", "content_hash"]
+    flipped, n_flipped = _flipped_terms(b, base, orig_delta, num_docs)
+    affected = b.spark.createDataFrame(pa.table({"doc_id": touched}).to_pandas(), "doc_id string") \
+        .unionByName(changes.rows.where("sign = 1").select("doc_id"))
+    if n_flipped:
+        analyses = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
+        holders = (analyses.select("doc_id", F.explode("candidates").alias("c")).where(F.col("c.reason").isNull())
+                   .select("doc_id", F.explode("c.term_ids").alias("term_id"))
+                   .join(_small(flipped, n_flipped), "term_id", "left_semi").select("doc_id"))
+        affected = affected.unionByName(holders)
+    affected = b.cut(affected.distinct())
+    n_affected = affected.count()
+    # Their rows in the base (the content they had, their decisions), and the content they have now.
+    live = b.cut(_read_live_docs(b, base).join(_small(affected, n_affected), "doc_id", "left_semi"))
+    came = changes.rows.where("sign = 1").select(*key, "title", "text")
+    moved_ids = changes.rows.select("doc_id").distinct()
+    current = b.cut(came.select(*key).unionByName(
+        live.select(*key).join(_small(moved_ids, changes.came + changes.went), "doc_id", "left_anti")))
+    n_current = current.count()
+    phrases, enrichment_version = _enrichment_phrases(b, _small(current, n_current), version)
+    n_phrases = phrases.count()
+    analysed = analyse_phrases(b, docs, phrases, n_phrases, texts=came)
+    decided, per_doc = decide_injections(b, None, orig_df, num_docs, analysed)
+    desired = desired_documents(current, per_doc)
+    changed = ["doc_id", "content_hash", "inject_key", "decisions_key"]
+    entering = b.keep(desired.join(_small(live.select(*changed), n_affected), changed, "left_anti"))
+    n_entering = entering.count()
+    leaving_ids = b.cut(entering.select("doc_id").unionByName(
+        changes.rows.where("sign = -1").select("doc_id")).distinct())
+    b.log(f"injections: {n_affected} documents decided again ({len(touched)} with enrichment rows that came or "
+          f"went, {n_flipped} terms crossed the DF limit), {n_entering} of them enter the new segment")
+    info = {**_no_enrichment(), "enriched": True, "tau": b.enrichment.tau, "enrichment_table_version":
+            enrichment_version, "enrichment_model": b.enrichment.model,
+            "enrichment_prompt_version": b.enrichment.prompt_version}
+    return InjectionMoves(entering, n_entering, leaving_ids, leaving_ids.count(),
+                          decided.join(_small(entering.select("doc_id"), n_entering), "doc_id", "left_semi"), info)
+
+
+def _flipped_terms(b: Build, base: dict, orig_delta: DataFrame, num_docs: int) -> tuple[DataFrame, int]:
+    """(term_id) of the terms on the other side of the DF limit than in the base: DF <= tau x |C| then and not now,
+    or the reverse. With the same limit, only terms whose DF moved; otherwise every term is checked."""
+    zero = F.lit(0).cast("long")
+    old_limit, new_limit = base["tau"] * base["num_docs"], b.enrichment.tau * num_docs
+    delta = b.cut(orig_delta.where("d_df != 0").select("term_id", "d_df"))
+    n_delta = delta.count()
+    before = base_term_stats(b, base).select("term_id", F.col("df").alias("before"))
+    if old_limit == new_limit:
+        before = before.join(_small(delta.select("term_id"), n_delta), "term_id")
+    held = b.cut(before.join(_small(delta, n_delta), "term_id", "left")
+                 .select("term_id", "before", (F.col("before") + F.coalesce("d_df", zero)).alias("after")))
+    # Terms no base row holds: no DF before.
+    new = delta.join(held.select("term_id"), "term_id", "left_anti").select(
+        "term_id", zero.alias("before"), F.col("d_df").alias("after"))
+    both = held.unionByName(new)
+    flipped = b.cut(both.where((F.col("before") <= F.lit(old_limit)) != (F.col("after") <= F.lit(new_limit)))
+                    .select("term_id"))
+    return flipped, flipped.count()
+
+
+def _moved_counts(base: dict, plan: SegmentPlan) -> dict:
+    """The version's phrase counts: the base's, less those of the documents that left, plus those that entered."""
+    def sums(df: DataFrame) -> tuple[int, int]:
+        row = df.agg(F.sum("phrases_proposed"), F.sum("phrases_kept")).first()
+        return int(row[0] or 0), int(row[1] or 0)
+
+    (p_in, k_in), (p_out, k_out) = sums(plan.entering), sums(plan.leaving)
+    return {"phrases_proposed": int(base["phrases_proposed"]) + p_in - p_out,
+            "phrases_kept": int(base["phrases_kept"]) + k_in - k_out}
+
+
+def decide_injections(b: Build, phrases: DataFrame, orig_df: DataFrame, num_docs: int,
+                      analysed: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
+    """Every candidate phrase decided (the injections rows) and, per document with candidates, the key of its
+    decisions, their counts, and (with kept phrases) its injected terms (inj_term_ids, inj_tfs) and their key.
+    `analysed`: the phrases' kept analyses, when a night has them at hand (then only their terms' DFs are read)."""
+    few = analysed is not None
+    if analysed is None:
+        kept_analysis = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
+        analysed = phrases.select("doc_id", "content_hash", "phrases_key").join(
+            kept_analysis, ["doc_id", "content_hash", "phrases_key"])
+    cands = analysed.select("doc_id", F.posexplode("candidates").alias("position", "c"))
     pending = cands.where(F.col("c.reason").isNull()).select("doc_id", "position",
                                                              F.explode("c.term_ids").alias("term_id"))
-    min_df = (pending.join(orig_df, "term_id", "left").groupBy("doc_id", "position")
+    dfs = orig_df
+    if few:
+        # A night's few phrases: their terms go to every task and the corpus' DFs stream past them.
+        terms = b.cut(pending.select("term_id").distinct())
+        dfs = orig_df.join(_small(terms, terms.count()), "term_id")
+    min_df = (pending.join(dfs, "term_id", "left").groupBy("doc_id", "position")
               .agg(F.min(F.coalesce("df", F.lit(0))).cast("long").alias("min_df")))
     limit = b.enrichment.tau * num_docs  # kept unless dropped_by_df: min DF > tau*|C| (unseen: min DF 0, kept)
     decided = b.keep(
@@ -975,7 +1122,12 @@ def decide_injections(b: Build, phrases: DataFrame, orig_df: DataFrame, num_docs
                 .groupBy("doc_id").agg(F.sort_array(F.collect_list(F.struct("term_id", "tf"))).alias("p"))
                 .select("doc_id", F.col("p.term_id").alias("inj_term_ids"), F.col("p.tf").cast("array<int>").alias("inj_tfs"))
                 .withColumn("inject_key", F.sha2(F.to_json(F.struct("inj_term_ids", "inj_tfs")), 256).substr(1, 32)))
-    return decided.drop("term_ids", "tfs"), b.keep(injected)
+    per_doc = decided.groupBy("doc_id").agg(
+        F.sha2(F.to_json(F.sort_array(F.collect_list(F.struct("position", "phrase", "kept", "reason")))), 256)
+        .substr(1, 32).alias("decisions_key"),
+        F.count("*").cast("int").alias("phrases_proposed"),
+        F.sum(F.col("kept").cast("int")).cast("int").alias("phrases_kept"))
+    return decided.drop("term_ids", "tfs"), b.keep(per_doc.join(injected, "doc_id", "left"))
 
 
 def _injection_counts(decided: DataFrame, e: EnrichmentChoice) -> dict:
@@ -985,13 +1137,24 @@ def _injection_counts(decided: DataFrame, e: EnrichmentChoice) -> dict:
             "enrichment_prompt_version": e.prompt_version}
 
 
+# What a segment_docs row holds of a document's enrichment beyond its analysis: (type, value without any).
+INJECTED_COLUMNS = {"inject_key": ("string", ""), "inj_term_ids": ("array<bigint>", None),
+                    "inj_tfs": ("array<int>", None), "decisions_key": ("string", ""), "phrases_proposed": ("int", 0),
+                    "phrases_kept": ("int", 0)}
+
+
+def _not_injected(column: str) -> Column:
+    kind, value = INJECTED_COLUMNS[column]
+    return F.lit(value).cast(kind)
+
+
 def desired_documents(current: DataFrame, per_doc: DataFrame | None) -> DataFrame:
-    """(doc_id, content_hash, inject_key, inj_term_ids, inj_tfs): every current document as the new version should
-    hold it (no injected terms when `per_doc`, the enriched ones, is None)."""
+    """(doc_id, content_hash, *INJECTED_COLUMNS): every document of `current` as the new version should hold it (no
+    injected terms when `per_doc`, the enriched ones from `decide_injections`, is None)."""
     if per_doc is None:
-        return current.withColumn("inject_key", F.lit("")).withColumn(
-            "inj_term_ids", F.lit(None).cast("array<bigint>")).withColumn("inj_tfs", F.lit(None).cast("array<int>"))
-    return current.join(per_doc, "doc_id", "left").withColumn("inject_key", F.coalesce("inject_key", F.lit("")))
+        return current.select("doc_id", "content_hash", *[_not_injected(c).alias(c) for c in INJECTED_COLUMNS])
+    return current.join(per_doc, "doc_id", "left").select("doc_id", "content_hash", *[
+        F.coalesce(F.col(c).cast(kind), _not_injected(c)).alias(c) for c, (kind, _) in INJECTED_COLUMNS.items()])
 
 
 # ---- 5-7. segments, postings, statistics -------------------------------------------------------------------------
@@ -1009,10 +1172,18 @@ class SegmentPlan:
     base_version: int | None
 
 
-def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: SegmentPolicy) -> SegmentPlan:
-    key = ["doc_id", "content_hash", "inject_key"]
+def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy: SegmentPolicy,
+                  moves: InjectionMoves | None = None) -> SegmentPlan:
+    """What enters and leaves on top of `base`: what came and went (plain), `moves` (an enriched night's), or every
+    `desired` document that differs from the base's. A full build's plan when the policy says so; its `entering` is
+    None when `desired` is (the caller decides every document's injections first)."""
+    key = ["doc_id", "content_hash", "inject_key", "decisions_key"]
     if base is not None:
-        if b.changed is not None:
+        if moves is not None:
+            live = b.live if b.live is not None else _read_live_docs(b, base)
+            leaving = b.cut(live.join(_small(moves.leaving_ids, moves.leaving_rows), "doc_id", "left_semi"))
+            entering = moves.entering
+        elif b.changed is not None and b.enrichment is None:
             # Plain: no document's injections change, so what enters is what came and what leaves is what went.
             moved = b.changed.select("doc_id", "content_hash", "sign")
             entering = b.keep(desired_documents(moved.where("sign = 1").drop("sign"), None))
@@ -1039,6 +1210,8 @@ def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: Segme
                 old = b.read(tables.TOMBSTONES).where(
                     F.col("index_version") == base["index_version"]).select("segment", "shard", "doc_ord")
                 tombstones = old.unionByName(tombstones)
+            if b.enrichment is not None:
+                _with_unchanged_movers(b, entering, n_entering)
             return SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, dead, base["index_version"])
         b.changed = None  # every document enters the new segment: their analyses come from the whole table
         b.log(f"full build: v{base['index_version']} would hold {len(segments)} segments and {dead} tombstones "
@@ -1049,13 +1222,26 @@ def plan_segments(b: Build, desired: DataFrame, base: dict | None, policy: Segme
     return SegmentPlan(desired, None, None, None, [b.version], None, 0, None)
 
 
+def _with_unchanged_movers(b: Build, entering: DataFrame, rows: int) -> None:
+    """Add to `b.changed` (sign 0) the kept analyses of the documents that enter the new segment with the content
+    they had: their injections changed. Read only when there are such documents."""
+    key = ["doc_id", "content_hash"]
+    came = b.changed.where("sign = 1").select(*key)
+    unchanged = b.cut(_small(entering.select(*key), rows).join(came, key, "left_anti"))
+    n = unchanged.count()
+    if n:
+        kept = _require_analysis(b, unchanged, "documents whose injections changed",
+                                 b.cut(_small(unchanged, n).join(_analyses(b), key)))
+        b.changed = b.changed.unionByName(kept.withColumn("sign", F.lit(0)))
+        b.changed_rows += n
+    b.log(f"injections: {n} documents enter again with the same content and other injections")
+
+
 def write_segment(b: Build, entering: DataFrame, rows: int | None, whole_analysis: bool = False) -> dict:
     """Doc ordinals, segment_docs and the postings of the documents entering segment `b.version`; with
     `whole_analysis` they are every document with a kept analysis and no injected terms."""
     if whole_analysis:
-        wide = (_analyses(b).withColumn("inject_key", F.lit(""))
-                .withColumn("inj_term_ids", F.lit(None).cast("array<bigint>"))
-                .withColumn("inj_tfs", F.lit(None).cast("array<int>")))
+        wide = _analyses(b).select("*", *[_not_injected(c).alias(c) for c in INJECTED_COLUMNS])
     else:
         wide = _analysis_of(b, entering, rows)
     wide = wide.withColumn("shard", (F.col("doc_hash") % b.num_shards).cast("int"))
@@ -1070,7 +1256,7 @@ def write_segment(b: Build, entering: DataFrame, rows: int | None, whole_analysi
                            f"{b.version} (analyzer {b.analyzer_key}): a row is missing or repeated")
     v = F.lit(b.version).cast("long").alias("segment")
     docs_version = _replace(seg.select(v, *[c for c in tables.SEGMENT_DOCS_SCHEMA.names if c != "segment"]),
-                            b.uri(tables.SEGMENT_DOCS), "segment", b.version, ["segment", "shard"])
+                            b.uri(tables.SEGMENT_DOCS), "segment", b.version, ["segment", "shard"], evolve=True)
     postings = (seg.select("shard", "block", "doc_ord", "term_ids", "tfs", "inj_term_ids", "inj_tfs")
                 .groupBy("shard", "block").applyInArrow(invert_block, spark_ddl(POSTINGS_OUT)))
     postings_version = _replace(postings.select(v, *POSTINGS_OUT.names), b.uri(tables.SEGMENT_POSTINGS),
@@ -1119,7 +1305,7 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
         total_terms = int(entering.agg(F.sum("doc_len")).first()[0] or 0)
     else:
         base = plan.base
-        if b.changed is not None and orig_delta is not None:
+        if b.changed is not None and b.enrichment is None and orig_delta is not None:
             # Plain: what entered and left is what came and went (`plan_segments`), whose counts `original_df` took.
             moved = orig_delta.withColumn("d_df_enriched", F.col("d_df"))
         else:
@@ -1204,9 +1390,11 @@ def write_tombstones(b: Build, plan: SegmentPlan) -> int:
 
 
 def write_injections(b: Build, injections: DataFrame) -> int:
-    """What the DF rule decided for every candidate phrase of the version (sira.pipelines.hit_details reads it back)."""
-    return _replace(_of_version(b, injections, tables.INJECTIONS_SCHEMA), b.uri(tables.INJECTIONS), "index_version",
-                    b.version, ["index_version"])
+    """What the DF rule decided for every candidate phrase of the documents entering the new segment
+    (sira.pipelines.hit_details reads it back)."""
+    rows = injections.select(F.lit(b.version).cast("long").alias("segment"),
+                             *tables.SEGMENT_INJECTIONS_SCHEMA.names[1:])
+    return _replace(rows, b.uri(tables.SEGMENT_INJECTIONS), "segment", b.version, ["segment"])
 
 
 def _of_version(b: Build, rows: DataFrame, schema: pa.Schema) -> DataFrame:

@@ -32,7 +32,7 @@ REJECTED_SCHEMA = pa.schema(
 RAW_KEEP_CHARS = 2000
 
 ENRICHMENT = "enrichment"
-INJECTIONS = "injections"
+INJECTIONS = "injections"  # per version, written by builds before SEGMENT_INJECTIONS (still read for those)
 
 # Written by `sira enrich`, keyed by (doc_id, content_hash, model, prompt_version).
 ENRICHMENT_SCHEMA = pa.schema(
@@ -145,12 +145,16 @@ PHRASE_ANALYSIS_SCHEMA = pa.schema([
 TERM_DICTIONARY = "term_dictionary"
 TERM_DICTIONARY_SCHEMA = pa.schema([("term_id", pa.int64()), ("term", pa.string())])
 # Per segment and shard: doc ordinals follow doc-id order. inj_*: the enrichment terms injected into the doc
-# (added to its analysis), inject_key their hash: a doc whose injection changes moves to a new segment.
+# (added to its analysis), inject_key their hash; decisions_key hashes the DF rule's decision on each of its
+# candidate phrases (position, phrase, kept, reason), of which phrases_proposed were decided and phrases_kept kept
+# ("" and 0 in a plain index; null in segments written before these columns). A doc whose decisions change moves
+# to a new segment.
 SEGMENT_DOCS = "segment_docs"
 SEGMENT_DOCS_SCHEMA = pa.schema([
     ("segment", pa.int64()), ("shard", pa.int32()), ("doc_ord", pa.int32()), ("doc_id", pa.string()),
     ("content_hash", pa.string()), ("doc_len", pa.int32()), ("inject_key", pa.string()),
     ("inj_term_ids", pa.list_(pa.int64())), ("inj_tfs", pa.list_(pa.int32())),
+    ("decisions_key", pa.string()), ("phrases_proposed", pa.int32()), ("phrases_kept", pa.int32()),
 ])
 # Postings of one term in one block of POSTINGS_BLOCK_DOCS doc ordinals: no row holds a long posting list.
 SEGMENT_POSTINGS = "segment_postings"
@@ -173,6 +177,13 @@ TERM_STATS_SCHEMA = pa.schema([("index_version", pa.int64()), ("term_id", pa.int
 INJECTIONS_SCHEMA = pa.schema([("index_version", pa.int64()), ("doc_id", pa.string()), ("position", pa.int32()),
                                ("phrase", pa.string()), ("kept", pa.bool_()), ("reason", pa.string()),
                                ("min_df", pa.int64())])
+# The DF rule's decision on every candidate phrase of the documents that entered a segment, kept with the segment: a
+# version's decisions are those of each live document's segment (the newest of the version's segments that holds
+# it). min_df is the smallest original-corpus DF of the phrase's terms when it was decided: later nights move DFs
+# without moving a document whose decisions stay the same.
+SEGMENT_INJECTIONS = "segment_injections"
+SEGMENT_INJECTIONS_SCHEMA = pa.schema([("segment", pa.int64()), *[f for f in INJECTIONS_SCHEMA
+                                                                  if f.name != "index_version"]])
 # One row per published index version, written last: its presence is what makes a version visible.
 CORPUS_STATS_SCHEMA = pa.schema([
     ("index_version", pa.int64()), ("preset", pa.string()), ("num_docs", pa.int64()), ("avgdl", pa.float64()),
@@ -188,11 +199,12 @@ CORPUS_STATS_SCHEMA = pa.schema([
     ("base_version", pa.int64()), ("num_tombstones", pa.int64()), ("segment_docs_table_version", pa.int64()),
     ("segment_postings_table_version", pa.int64()), ("tombstones_table_version", pa.int64()),
     ("term_stats_versions", pa.list_(pa.int64())),  # see TERM_STATS_SCHEMA; null: [index_version]
+    ("segment_injections_table_version", pa.int64()),  # enriched builds since SEGMENT_INJECTIONS (null before)
 ])
 # The tables whose rows belong to one index version (retention deletes them with it, term_stats' once no kept
 # version lists them in its term_stats_versions); segments go when no kept version lists them.
 PER_VERSION_TABLES = (TERM_STATS, TOMBSTONES, INJECTIONS, VOCABULARY)
-PER_SEGMENT_TABLES = (SEGMENT_DOCS, SEGMENT_POSTINGS)
+PER_SEGMENT_TABLES = (SEGMENT_DOCS, SEGMENT_POSTINGS, SEGMENT_INJECTIONS)
 LAYOUT_1_TABLES = ("postings", "shard_docs")  # per version, in warehouses built before segments
 
 

@@ -14,6 +14,7 @@ from conftest import TINY_DOCS, TINY_QUERIES, write_beir_folder
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
 from sira.pipelines.delta_io import read_table
+from sira.pipelines.hit_details import version_injections
 from sira.pipelines.ray_enrich import commit
 from sira.pipelines.shard_loader import find_index, load_searcher, read_term_stats
 from sira.core import tables
@@ -58,9 +59,10 @@ def assert_same_index(wh: str, reference: str, enriched: bool) -> None:
     assert stats(wh, got) == stats(reference, want)
     assert len(stats(wh, got)) == got["num_terms"]
     if enriched:
-        rows = lambda w, m: sorted(json.dumps({k: v for k, v in r.items() if k != "index_version"}, sort_keys=True)
-                                   for r in read_table(f"{w}/{tables.INJECTIONS}", filters=[(
-                                       "index_version", "=", m["index_version"])]).to_pylist())
+        # The decisions of every document; min_df is the DF when a document's decisions were made (a later night that
+        # moves DFs without changing a decision keeps the document where it is).
+        rows = lambda w, m: sorted(json.dumps({k: v for k, v in r.items() if k != "min_df"}, sort_keys=True)
+                                   for r in version_injections(w, m).to_pylist())
         assert rows(wh, got) == rows(reference, want)
     ours, _ = load_searcher(wh, got["index_version"])
     theirs, _ = load_searcher(reference, want["index_version"])
@@ -120,10 +122,57 @@ def test_a_night_adds_a_segment_and_tombstones_what_left(nights):
 def test_an_incremental_build_equals_a_full_rebuild(nights, enriched):
     wh, reference, _, _ = nights
     assert_same_index(wh, reference, enriched)
-    decisions = {r["phrase"]: r["reason"] for r in read_table(
-        f"{wh}/injections", filters=[("index_version", "=", find_index(wh, enriched=True)["index_version"])]
-    ).to_pylist() if r["doc_id"] == "d12"}
+    decisions = {r["phrase"]: r["reason"] for r in version_injections(wh, find_index(wh, enriched=True), ["d12"])
+                 .to_pylist()}
     assert decisions == {"insulin": "too common", "glycemic control": "kept"}
+
+
+# Night 3: d13 goes, so "insulin" is in 3 of 12 documents (within tau 0.25 again: limit 3) and d12's phrase is kept
+# once more; d09 is enriched again (another model, newer) with its content unchanged.
+NIGHT_3 = [d for d in NIGHT_2 if d["_id"] != "d13"]
+D09_AGAIN = {"d09": ["caffeine metabolism", "adenosine"]}
+
+
+def enrich_d09_again(wh: str) -> None:
+    commit(wh, enrichment_rows(read_table(f"{wh}/docs"), D09_AGAIN, model="fake-llm-2"))
+
+
+def test_enriched_nights_in_a_row_decide_only_what_can_change_and_equal_rebuilds(nights, tmp_path, spark):
+    """Three enriched nights on one warehouse: a phrase kept, dropped as too common (its DF crossed tau x |C|) and
+    kept again, and a document enriched again without a change of content; each night equals a rebuild."""
+    _, reference, _, _ = nights
+    wh, again = str(tmp_path / "wh"), str(tmp_path / "again")
+    ingest(wh, TINY_DOCS, tmp_path)
+    enrich(wh)
+    build(wh, spark, enrichment=False)
+    build(wh, spark, enrichment=True, tau=TAU)
+    d12 = lambda w: {r["phrase"]: r["reason"] for r in version_injections(  # noqa: E731
+        w, find_index(w, enriched=True), ["d12"]).to_pylist()}
+    assert d12(wh) == {"insulin": "kept", "glycemic control": "kept"}
+    ingest(wh, NIGHT_2, tmp_path, mode="merge")
+    enrich(wh)
+    build(wh, spark, enrichment=False)
+    second = build(wh, spark, enrichment=True, tau=TAU)
+    assert second["base_version"] is not None and d12(wh)["insulin"] == "too common"
+    assert_same_index(wh, reference, enriched=True)
+    ingest(wh, NIGHT_3, tmp_path, mode="merge")
+    enrich(wh)
+    enrich_d09_again(wh)
+    build(wh, spark, enrichment=False)
+    third = build(wh, spark, enrichment=True, tau=TAU, max_dead_fraction=0.5)  # 6 of 18 tombstoned: still a night
+    assert third["base_version"] == second["index_version"] and third["changes_from_feed"]
+    assert d12(wh)["insulin"] == "kept"
+    # d12 (its decision back) and d09 (its new enrichment) enter again; d13 went. Nothing else moves.
+    entered = read_table(f"{wh}/segment_docs", filters=[("segment", "=", third["index_version"])])
+    assert sorted(entered["doc_id"].to_pylist()) == ["d09", "d12"]
+    ingest(again, NIGHT_3, tmp_path)
+    enrich(again)
+    enrich_d09_again(again)
+    build(again, spark, enrichment=False)
+    build(again, spark, enrichment=True, tau=TAU)
+    assert_same_index(wh, again, enriched=True)
+    assert {r["phrase"] for r in version_injections(wh, find_index(wh, enriched=True), ["d09"]).to_pylist()} == \
+        set(D09_AGAIN["d09"])
 
 
 def test_a_night_writes_only_the_term_statistics_that_moved(nights):
@@ -245,8 +294,12 @@ def test_a_term_in_every_document_builds_under_a_small_heap(tmp_path):
     assert len(lengths) == 2 * -(-n // 2 // tables.POSTINGS_BLOCK_DOCS)
 
 
+@pytest.mark.parametrize("mode", ["merge", "replace"])
 def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_full(nights, tmp_path, spark,
-                                                                                   monkeypatch):
+                                                                                   monkeypatch, mode):
+    """A night read from the change feed (merge) analyses what went from the feed's texts, so the enriched build
+    stays incremental after the plain one compacted those analyses away; one that compares whole tables (a rewrite
+    of the docs table) needs them, finds them gone and builds in full. Both equal the rebuild."""
     from sira.pipelines import spark_index
 
     _, reference, _, _ = nights
@@ -256,14 +309,17 @@ def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_fu
     enrich(wh)
     build(wh, spark, enrichment=False)
     build(wh, spark, enrichment=True, tau=TAU)
-    ingest(wh, NIGHT_2, tmp_path, mode="merge")
+    ingest(wh, NIGHT_2, tmp_path, mode=mode)
     enrich(wh)
     plain = build(wh, spark, enrichment=False)  # 2 stale analyses (d03's old text, d08) > 0.1 * 13: compacted
     kept = read_table(f"{wh}/doc_analysis", columns=["doc_id"])["doc_id"].to_pylist()
     assert sorted(kept) == sorted(d["_id"] for d in NIGHT_2)
     assert plain["base_version"] is not None  # this one was incremental: it compacted after publishing
     enriched = build(wh, spark, enrichment=True, tau=TAU)  # its base holds d08, whose analysis is gone
-    assert enriched["base_version"] is None and enriched["segments"] == [enriched["index_version"]]
+    if mode == "merge":
+        assert enriched["base_version"] is not None and enriched["changes_from_feed"]
+    else:
+        assert enriched["base_version"] is None and enriched["segments"] == [enriched["index_version"]]
     assert_same_index(wh, reference, enriched=True)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
+from sira.pipelines.hit_details import version_injections
 from sira.pipelines.delta_io import read_table
 from sira.pipelines.ray_enrich import commit
 from sira.pipelines.shard_loader import find_index, load_searcher
@@ -50,8 +51,7 @@ def enriched_warehouse(tmp_path_factory, tiny_beir, spark):
 def test_decisions_are_recorded_with_their_reason(enriched_warehouse):
     manifest = find_index(enriched_warehouse, enriched=True)
     assert manifest["tau"] == 0.25 and manifest["phrases_proposed"] == 6 and manifest["phrases_kept"] == 3
-    rows = read_table(f"{enriched_warehouse}/injections",
-                      filters=[("index_version", "=", manifest["index_version"])]).to_pylist()
+    rows = version_injections(enriched_warehouse, manifest).to_pylist()
     got = {(r["doc_id"], r["phrase"]): (r["kept"], r["reason"]) for r in rows}
     assert got == {
         ("d02", "myocardial infarction"): (True, "kept"),

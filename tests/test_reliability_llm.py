@@ -16,6 +16,7 @@ import pytest
 from conftest import TINY_DOCS
 from fake_openai import FakeOpenAI, document_of, keywords_for
 from sira.jobs import enrich as enrich_job
+from sira.pipelines.hit_details import version_injections
 from sira.pipelines.delta_io import read_table
 from sira.pipelines.llm_backends import BackendConfig
 from sira.core import tables
@@ -239,7 +240,7 @@ def test_instructions_inside_a_document_stay_its_data_and_touch_only_its_own_row
     # already holds add nothing, common ones are dropped; at most the rare rest enters, and only this document.
     index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, tau=0.1), spark=spark)
     manifest = find_index(wh, enriched=True)
-    decisions = read_table(f"{wh}/injections", filters=[("index_version", "=", manifest["index_version"])]).to_pylist()
+    decisions = version_injections(wh, manifest).to_pylist()
     reasons = {(d["doc_id"], d["phrase"]): d["reason"] for d in decisions}
     assert {p: r for (doc, p), r in reasons.items() if doc == "inj-ignore"} == {
         "buy now": "in document", "cheap pills": "in document", "blood": "too common",
