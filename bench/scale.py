@@ -116,8 +116,18 @@ class TreeMemory(threading.Thread):
         return {f"peak_rss_{role}_mb": round(v / 2**20, 1) for role, v in sorted(self.peaks.items())}
 
 
-def run_job(args: list[str], log: Path, env: dict | None = None) -> dict:
-    """A `sira` job (or any `python -m` module when args start with -m) in a subprocess: seconds, memory, output."""
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (listed first: once the parent dies they are reparented)."""
+    for p in reversed(_descendants(pid)):
+        try:
+            os.kill(p, 9)
+        except OSError:
+            pass
+
+
+def run_job(args: list[str], log: Path, env: dict | None = None, timeout: float | None = None) -> dict:
+    """A `sira` job (or any `python -m` module when args start with -m) in a subprocess: seconds, memory, output.
+    Past `timeout` seconds the job's process tree is killed and RuntimeError raised."""
     cmd = [sys.executable, *(args if args[0] == "-m" else ["-m", "sira.jobs.cli", *args])]
     started = time.perf_counter()
     with open(log, "w") as out:
@@ -125,7 +135,13 @@ def run_job(args: list[str], log: Path, env: dict | None = None) -> dict:
                                 env={**os.environ, **(env or {})})
         memory = TreeMemory(proc.pid)
         memory.start()
-        rc = proc.wait()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            memory.stop()
+            raise RuntimeError(f"{' '.join(args)} ran past {timeout} s and was killed; its log: {log}") from None
     seconds = time.perf_counter() - started
     peaks = memory.stop()
     if rc != 0:

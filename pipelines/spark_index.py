@@ -11,10 +11,13 @@ tombstones and injections, publish):
    rewrite in between) they compare the whole table with the kept analyses and the base instead.
 1. `analyse_documents`: documents with no kept analysis for this analyzer are analysed (BatchAnalyzer inside
    mapInArrow); their new terms go to `term_dictionary` first, then the analysis to `doc_analysis`. A night
-   analyses only what is new or changed, and a plain one also what went, from the texts its change feed holds.
+   analyses only what is new or changed, and also what went, from the texts its change feed holds.
 2. `analyse_phrases` (enriched): the same for the DF-independent checks of each document's enrichment phrases.
 3. `original_df`: DF in the original corpus (the corpus-side DF rule and `term_stats.df`).
-4. `decide_injections` (enriched): the DF rule over every candidate phrase; each doc's injected terms and key.
+4. `decide_injections` (enriched): the DF rule over every candidate phrase; each doc's injected terms and key. A
+   night (`incremental_injections`) decides again only the documents whose decisions can change: content that
+   came, enrichment rows that came or went, a candidate term that crossed the DF limit. The decisions are kept
+   with the segment their document enters (`segment_injections`).
 5. `plan_segments`: against the base (the newest published version of the same kind), the documents that leave
    (tombstones) and those that enter a new segment. A full build (one segment with every document, from the
    kept analysis) when there is no base, when asked, or when the base has too many segments or dead documents.
@@ -337,13 +340,14 @@ class Build:
     analyzer_key: str = ""
     build_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     persisted: list = field(default_factory=list)
-    # A plain incremental build's kept analyses of the documents whose content came or went since the base (set by
-    # `original_df`): its entering and leaving documents are exactly those, so they are read from here, not from the
-    # whole table.
+    # An incremental build's analyses of the documents whose content came or went since the base (set by
+    # `original_df`; sign 1 came, -1 went), and in an enriched one also of those that enter again for their
+    # injections alone (sign 0, `_with_unchanged_movers`): the entering and leaving documents are read from here,
+    # not from the whole table.
     changed: DataFrame | None = None
     changed_rows: int = 0
     # With the night's changes: the analyses of the documents whose content came or went (CHANGES keys, sign, the
-    # doc_analysis columns), found by `analyse_documents` in one scan of the kept analyses plus those it made.
+    # doc_analysis columns), made by `_analyse_changes` from the texts the change feed holds.
     moved: DataFrame | None = None
     live: DataFrame | None = None  # the base's segment_docs rows of its live documents (`_live_docs`), once read
     seconds: dict = field(default_factory=dict)  # per step, reported with the build

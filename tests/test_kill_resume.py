@@ -38,7 +38,7 @@ INDEX_TABLE_KEYS = {
     tables.SEGMENT_POSTINGS: ("shard", "term_id", "block"),
     tables.TERM_STATS: ("term_id",),
     tables.TOMBSTONES: ("segment", "shard", "doc_ord"),
-    tables.INJECTIONS: ("doc_id", "position"),
+    tables.SEGMENT_INJECTIONS: ("doc_id", "position"),
 }
 # Night 2 of the incremental build that gets killed: one document changed, one deleted, one added.
 NIGHT_2 = [{**d, "text": d["text"] + " Clots too."} if d["_id"] == "d03" else d for d in TINY_DOCS
@@ -92,7 +92,12 @@ def vocabulary() -> list[str]:
     return sorted({w for d in TINY_DOCS for w in re.findall(r"\w+", f"{d['title']} {d['text']}".lower())})
 
 
-def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index(base_warehouse, tmp_path, spark):
+# Killed right after the new segment's postings commit (its docs and postings are written; the version's
+# term_stats, tombstones, decisions and the publishing corpus_stats row are not), or after its tombstones commit
+# (the decisions of the documents entering and the corpus_stats row are not).
+@pytest.mark.parametrize("killed_after", [tables.SEGMENT_POSTINGS, tables.TOMBSTONES])
+def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index(base_warehouse, tmp_path, spark,
+                                                                                  killed_after):
     night = copy_of(base_warehouse, tmp_path / "night")
     night_2(night, tmp_path, spark)  # once, then copied: both start from the same night-1 index and snapshot
     wh, reference = copy_of(Path(night), tmp_path / "killed"), copy_of(Path(night), tmp_path / "reference")
@@ -106,10 +111,8 @@ def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index
     previous_rankings = rankings(wh, queries)
     command = ["index", "--warehouse", wh, *INDEX_ARGS]
 
-    # Kill the incremental build right after its postings commit: the new segment's docs and postings are written,
-    # the version's term_stats, tombstones, injections and the publishing corpus_stats row are not.
     log = tmp_path / "killed.log"
-    kill_when(start_job(command, log), log, committed_since(tables.table_uri(wh, tables.SEGMENT_POSTINGS)))
+    kill_when(start_job(command, log), log, committed_since(tables.table_uri(wh, killed_after)))
     assert version_rows(wh, tables.SEGMENT_POSTINGS, new), "the kill came before the build wrote its postings"
     assert [r["index_version"] for r in published_versions(wh)] == before, \
         f"the kill came after the publish:\n{log.read_text()}"
