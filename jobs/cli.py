@@ -14,8 +14,8 @@ from rich.table import Table
 
 from sira.pipelines.console import console, engine_log_path, engine_logs
 from sira.pipelines.stages import StageFailed
-from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, SHARDS_HELP,
-                                 SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
+from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, FOLLOW_POLL_S,
+                                 SHARDS_HELP, SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
 from sira.core.program import DEFAULT_W
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.console.console)
@@ -332,7 +332,7 @@ def serve(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: local)"),
     follow: Optional[bool] = typer.Option(None, "--follow/--no-follow", help="switch to newer published versions "
                                                                         "(default: unless --index-version pins one)"),
-    poll_s: float = typer.Option(30.0, "--poll-s", help="seconds between checks for a newer version"),
+    poll_s: float = typer.Option(FOLLOW_POLL_S, "--poll-s", help="seconds between checks for a newer version"),
 ):
     """Serve POST /search, GET /health, /runs, /compare over HTTP, and the pages that look inside (/, /compare);
     shards are held by Ray actors, queried scatter-gather."""

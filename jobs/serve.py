@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field
 
 from sira.pipelines.console import console
 from sira.pipelines.llm_backends import BackendConfig
-from sira.core.defaults import ExpansionParams
+from sira.core.defaults import FOLLOW_POLL_S, ExpansionParams
 from sira.core.program import DEFAULT_W
 
 
@@ -22,7 +22,8 @@ class ServeConfig(ExpansionParams):
     index_version: int | None = Field(None, description="serve this version (pinned); None: the newest published")
     follow: bool | None = Field(None, description="switch to newer published versions of the same kind; "
                                                   "None: unless pinned to an --index-version")
-    poll_s: float = Field(30.0, gt=0, description="seconds between checks for a newer version (SIGHUP: at once)")
+    poll_s: float = Field(FOLLOW_POLL_S, gt=0,
+                          description="seconds between checks for a newer version (SIGHUP: at once)")
     preset: str | None = None
     api_token_env: str | None = Field(None, description="environment variable holding the bearer token; "
                                                         "None: no authentication")

@@ -46,7 +46,8 @@ from sira.pipelines.hit_details import hit_details
 from sira.pipelines.llm_backends import BackendConfig
 from sira.pipelines.online_proposer import OnlineProposer
 from sira.pipelines.runs import RunNotFound, compare_runs, list_runs, query_detail
-from sira.core.defaults import DEFAULT_TAU
+from sira.core import tables
+from sira.core.defaults import DEFAULT_TAU, FOLLOW_POLL_S
 from sira.core.program import DEFAULT_W, RetrievalProgram
 from sira.core.query_path import QueryPath
 
@@ -136,6 +137,7 @@ class SearchService:
     in_flight: int = field(default=0, init=False)
     switches: list = field(default_factory=list, init=False)  # [{"from", "to", "at"}]
     _switch_lock: asyncio.Lock | None = field(default=None, init=False)
+    _published: object = field(default=None, init=False)  # corpus_stats as a DeltaTable, updated at each poll
 
     @classmethod
     def start(cls, warehouse: str, index_version: int | None = None, preset: str | None = None,
@@ -221,12 +223,28 @@ class SearchService:
             for actor in old.actors:
                 ray.kill(actor)
 
+    def _published_table_version(self) -> int:
+        """The corpus_stats table's version, read incrementally (a listing of its log's new entries): a poll that
+        finds no new commit reads nothing else."""
+        from deltalake import DeltaTable
+
+        if self._published is None:
+            self._published = DeltaTable(tables.table_uri(self.warehouse, tables.CORPUS_STATS))
+        else:
+            self._published.update_incremental()
+        return self._published.version()
+
     async def follow_forever(self, poll_s: float) -> None:
-        """Poll for newer published versions until cancelled."""
+        """Poll for newer published versions until cancelled; a version is looked for only after corpus_stats got a
+        commit (a publish, or retention's unpublish)."""
+        loop, seen = asyncio.get_running_loop(), None
         while True:
             await asyncio.sleep(poll_s)
             try:
-                await self.refresh()
+                now = await loop.run_in_executor(None, self._published_table_version)
+                if now != seen:
+                    await self.refresh()
+                    seen = now
             except Exception:  # noqa: BLE001 (a failed switch must not stop serving the current version)
                 log.exception("switching to a newer index version failed; still serving v%d",
                               self.current.manifest["index_version"])
@@ -479,7 +497,7 @@ async def security_headers(request: web.Request, handler) -> web.StreamResponse:
     return response
 
 
-def build_app(service: SearchService, limits: Limits, poll_s: float = 30.0) -> web.Application:
+def build_app(service: SearchService, limits: Limits, poll_s: float = FOLLOW_POLL_S) -> web.Application:
     """The HTTP app; a following service polls for newer published versions every `poll_s` seconds."""
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[security_headers, json_errors])
     app[SERVICE] = service

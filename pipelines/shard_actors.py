@@ -22,6 +22,7 @@ from sira.core.search import merge_ranked
 class ShardActor:
     def __init__(self, warehouse: str, manifest: dict, shard: int):
         self.shard = cached_shard(warehouse, manifest, shard, load_shard)
+        warm_up(self.shard)
 
     def num_docs(self) -> int:
         return self.shard.num_docs
@@ -39,6 +40,22 @@ class ShardActor:
         """Per-term contributions (ShardIndex.contributions) of those of `doc_ids` this shard holds."""
         return {self.shard.doc_ids[int(o)].as_py(): self.shard.contributions(int(o), query)
                 for o in self.shard.ords_of(doc_ids)}
+
+
+def warm_up(shard) -> None:
+    """Score a query of the shard's longest posting lists with each scorer, so that its kernels are compiled (or
+    loaded from numba's cache) before the actor reports ready: a server that switches to a new version's actors
+    answers its first searches at full speed, not after a compile (tens of seconds on a cold cache)."""
+    import numpy as np
+
+    if not len(shard.term_ids):
+        return
+    rows = np.argsort(np.diff(shard.indptr))[-3:]
+    query = WeightedQuery(tuple(str(t) for t in shard.term_ids[rows]), np.asarray(shard.term_ids[rows], np.int64),
+                          np.ones(len(rows), np.float32))
+    for scorer in ("pruned", "exhaustive"):
+        for k in (10, 1000):
+            shard.top_k_many([query], k, scorer=scorer)
 
 
 class ShardActors:

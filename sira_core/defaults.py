@@ -49,3 +49,7 @@ class EvaluationParams(ExpansionParams, IndexBuildParams):
 def default_warehouse(dataset_name: str) -> str:
     """Where a dataset's tables go when no --warehouse is given."""
     return f"warehouses/{dataset_name}"
+
+# Seconds between a following server's checks for a newer index version: each reads only the new entries of
+# corpus_stats' Delta log, so a night's version is found within this of its publish.
+FOLLOW_POLL_S = 2.0
