@@ -271,10 +271,12 @@ class ShardIndex:
         lengths = np.diff(np.asarray(postings_offsets, dtype=np.int64))
         indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         ords = np.asarray(postings_ords, dtype=np.int32)
-        posting_idf = np.repeat(idf(stats.num_docs, dfs), lengths)
-        dl = np.asarray(doc_lens)[ords]
-        impacts = posting_idf * saturated_tf(postings_tfs, dl, stats.avgdl, stats.k1, stats.b)
-        return cls(shard, doc_ids, doc_lens, term_ids, indptr, ords, impacts.astype(IMPACT_DTYPE))
+        # idf x saturated_tf in one pass, the length norm once per document: the same float64 operations in the
+        # same order as those two functions (the same bits), without a temporary array per operation.
+        norm = stats.k1 * (1.0 - stats.b + stats.b * np.asarray(doc_lens, dtype=np.float64) / stats.avgdl)
+        impacts = np.empty(len(ords), IMPACT_DTYPE)
+        _impacts(indptr, idf(stats.num_docs, dfs), ords, np.asarray(postings_tfs), norm, stats.k1 + 1.0, impacts)
+        return cls(shard, doc_ids, doc_lens, term_ids, indptr, ords, impacts)
 
     @property
     def num_docs(self) -> int:
@@ -820,6 +822,15 @@ def _keep_reaching(acc, cand, nc, need):
         cand[kept] = d
         kept += acc[d] >= need
     return kept
+
+
+@numba.njit(cache=True, nogil=True)
+def _impacts(indptr, term_idf, ords, tfs, norm, k1_plus_1, out):
+    for row in range(len(indptr) - 1):
+        w = term_idf[row]
+        for p in range(indptr[row], indptr[row + 1]):
+            tf = np.float64(tfs[p])
+            out[p] = w * (tf * k1_plus_1 / (tf + norm[ords[p]]))
 
 
 @numba.njit(cache=True, nogil=True)
