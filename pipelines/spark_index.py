@@ -432,7 +432,7 @@ def build_index(
         if enrichment is not None:
             with b.step("injections"):
                 if base is not None and changes is not None:
-                    moves = incremental_injections(b, docs, base, changes, orig_df, orig_delta, num_docs)
+                    moves = incremental_injections(b, docs, base, changes, orig_delta, num_docs)
                 if moves is None:
                     injections, per_doc, enrichment_info = inject_enrichment(b, docs, orig_df, num_docs)
         with b.step("segment plan"):
@@ -1003,8 +1003,8 @@ class InjectionMoves:
 MAX_TOUCHED_FRACTION = 0.2
 
 
-def incremental_injections(b: Build, docs: DataFrame, base: dict, changes: Changes, orig_df: DataFrame,
-                           orig_delta: DataFrame, num_docs: int) -> InjectionMoves | None:
+def incremental_injections(b: Build, docs: DataFrame, base: dict, changes: Changes, orig_delta: DataFrame,
+                           num_docs: int) -> InjectionMoves | None:
     """The injections an enriched night changes, deciding only the documents whose decisions can change: those
     whose content came, those with enrichment rows that came or went since the base's enrichment table version,
     and those with a candidate phrase holding a term whose side of the DF limit (tau x |C|) moved. The others keep
@@ -1025,6 +1025,7 @@ def incremental_injections(b: Build, docs: DataFrame, base: dict, changes: Chang
               + ": deciding every document's injections")
         return None
     key = ["doc_id", "content_hash"]
+    started = time.perf_counter()
     flipped, n_flipped = _flipped_terms(b, base, orig_delta, num_docs)
     affected = b.spark.createDataFrame(pa.table({"doc_id": touched}).to_pandas(), "doc_id string") \
         .unionByName(changes.rows.where("sign = 1").select("doc_id"))
@@ -1043,10 +1044,13 @@ def incremental_injections(b: Build, docs: DataFrame, base: dict, changes: Chang
     current = b.cut(came.select(*key).unionByName(
         live.select(*key).join(_small(moved_ids, changes.came + changes.went), "doc_id", "left_anti")))
     n_current = current.count()
+    found = time.perf_counter()
     phrases, enrichment_version = _enrichment_phrases(b, _small(current, n_current), version)
     n_phrases = phrases.count()
     analysed = analyse_phrases(b, docs, phrases, n_phrases, texts=came)
-    decided, per_doc = decide_injections(b, None, orig_df, num_docs, analysed)
+    checked = time.perf_counter()
+    decided, per_doc = decide_injections(b, None, lambda terms, n: _original_df_of(b, base, orig_delta, terms, n),
+                                         num_docs, analysed)
     desired = desired_documents(current, per_doc)
     changed = ["doc_id", "content_hash", "inject_key", "decisions_key"]
     entering = b.keep(desired.join(_small(live.select(*changed), n_affected), changed, "left_anti"))
@@ -1054,7 +1058,9 @@ def incremental_injections(b: Build, docs: DataFrame, base: dict, changes: Chang
     leaving_ids = b.cut(entering.select("doc_id").unionByName(
         changes.rows.where("sign = -1").select("doc_id")).distinct())
     b.log(f"injections: {n_affected} documents decided again ({len(touched)} with enrichment rows that came or "
-          f"went, {n_flipped} terms crossed the DF limit), {n_entering} of them enter the new segment")
+          f"went, {n_flipped} terms crossed the DF limit), {n_entering} of them enter the new segment; seconds: "
+          f"finding them {found - started:.1f}, their phrases {checked - found:.1f}, deciding "
+          f"{time.perf_counter() - checked:.1f}")
     info = {**_no_enrichment(), "enriched": True, "tau": b.enrichment.tau, "enrichment_table_version":
             enrichment_version, "enrichment_model": b.enrichment.model,
             "enrichment_prompt_version": b.enrichment.prompt_version}
@@ -1069,9 +1075,10 @@ def _flipped_terms(b: Build, base: dict, orig_delta: DataFrame, num_docs: int) -
     old_limit, new_limit = base["tau"] * base["num_docs"], b.enrichment.tau * num_docs
     delta = b.cut(orig_delta.where("d_df != 0").select("term_id", "d_df"))
     n_delta = delta.count()
-    before = base_term_stats(b, base).select("term_id", F.col("df").alias("before"))
     if old_limit == new_limit:
-        before = before.join(_small(delta.select("term_id"), n_delta), "term_id")
+        before = base_df_of(b, base, delta.select("term_id"), n_delta).withColumnRenamed("df", "before")
+    else:
+        before = base_term_stats(b, base).select("term_id", F.col("df").alias("before"))
     held = b.cut(before.join(_small(delta, n_delta), "term_id", "left")
                  .select("term_id", "before", (F.col("before") + F.coalesce("d_df", zero)).alias("after")))
     # Terms no base row holds: no DF before.
@@ -1081,6 +1088,22 @@ def _flipped_terms(b: Build, base: dict, orig_delta: DataFrame, num_docs: int) -
     flipped = b.cut(both.where((F.col("before") <= F.lit(old_limit)) != (F.col("after") <= F.lit(new_limit)))
                     .select("term_id"))
     return flipped, flipped.count()
+
+
+def _original_df_of(b: Build, base: dict, orig_delta: DataFrame, terms: DataFrame, rows: int) -> DataFrame:
+    """(term_id, df) now of those of `terms` some document holds: the base's DF plus the night's change."""
+    zero = F.lit(0).cast("long")
+    delta = orig_delta.select("term_id", "d_df").join(_small(terms, rows), "term_id", "left_semi")
+    before = b.cut(base_df_of(b, base, terms, rows))
+    return (_small(terms, rows).join(_small(before, rows), "term_id", "left").join(delta, "term_id", "left")
+            .select("term_id", (F.coalesce("df", zero) + F.coalesce("d_df", zero)).alias("df")).where("df > 0"))
+
+
+def base_df_of(b: Build, base: dict, terms: DataFrame, rows: int) -> DataFrame:
+    """(term_id, df) in the base's original corpus of those of `terms` (term_id; `rows` of them) it holds: its
+    term_stats rows of those terms alone summed (the few terms go to every task and the rows stream past them)."""
+    return (_term_stats_rows(b, base).join(_small(terms, rows), "term_id", "left_semi")
+            .groupBy("term_id").agg(F.sum("df").cast("long").alias("df")))
 
 
 def _moved_counts(base: dict, plan: SegmentPlan) -> dict:
@@ -1094,11 +1117,12 @@ def _moved_counts(base: dict, plan: SegmentPlan) -> dict:
             "phrases_kept": int(base["phrases_kept"]) + k_in - k_out}
 
 
-def decide_injections(b: Build, phrases: DataFrame, orig_df: DataFrame, num_docs: int,
-                      analysed: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
+def decide_injections(b: Build, phrases: DataFrame | None, orig_df: DataFrame | Callable[[DataFrame, int], DataFrame],
+                      num_docs: int, analysed: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
     """Every candidate phrase decided (the injections rows) and, per document with candidates, the key of its
     decisions, their counts, and (with kept phrases) its injected terms (inj_term_ids, inj_tfs) and their key.
-    `analysed`: the phrases' kept analyses, when a night has them at hand (then only their terms' DFs are read)."""
+    `orig_df`: (term_id, df) in the original corpus, or, with `analysed` (the phrases' kept analyses, when a night has
+    them at hand), a function giving those of some terms (term_id; how many), so that only their DFs are read."""
     few = analysed is not None
     if analysed is None:
         kept_analysis = b.read(tables.PHRASE_ANALYSIS).where(F.col("analyzer_key") == b.analyzer_key)
@@ -1109,9 +1133,8 @@ def decide_injections(b: Build, phrases: DataFrame, orig_df: DataFrame, num_docs
                                                              F.explode("c.term_ids").alias("term_id"))
     dfs = orig_df
     if few:
-        # A night's few phrases: their terms go to every task and the corpus' DFs stream past them.
         terms = b.cut(pending.select("term_id").distinct())
-        dfs = orig_df.join(_small(terms, terms.count()), "term_id")
+        dfs = orig_df(terms, terms.count())
     min_df = (pending.join(dfs, "term_id", "left").groupBy("doc_id", "position")
               .agg(F.min(F.coalesce("df", F.lit(0))).cast("long").alias("min_df")))
     limit = b.enrichment.tau * num_docs  # kept unless dropped_by_df: min DF > tau*|C| (unseen: min DF 0, kept)
