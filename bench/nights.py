@@ -2,7 +2,7 @@
 `sira serve` answers a steady trickle of searches and follows each newly published index version.
 
     python bench/nights.py --docs 1000000 --nights 30 --output-json bench/results/nights_1m.json
-                           [--work-dir /tmp/sira-nights] [--seed 7] [--changed-fraction 0.01] [--poll-s 30]
+                           [--work-dir /tmp/sira-nights] [--seed 7] [--changed-fraction 0.01] [--poll-s S]
 
 Everything runs through the real jobs with their default settings (the `sira` CLI in a subprocess of its own, each
 process tree sampled for memory by bench/scale.py's TreeMemory), on the synthetic corpus of bench/synthetic_corpus.py,
@@ -15,8 +15,8 @@ enrichment costs the pipeline, not a model; `--backend openai --model instant --
    `sira index` instead (their sum is the denominator); `sira index` records no enrichment model, so the first
    night finds no base of its kind and rebuilds in full.
 2. `sira serve -w nights --port P` (its defaults: it follows newer published versions, checking every `--poll-s`
-   seconds, 30 by default). Once /health answers, one search is timed alone (`first_search_seconds`: the shard
-   actors compile their kernels on first use); then a thread sends 3 searches per second (POST /search, scifact
+   seconds, serve's own FOLLOW_POLL_S by default). Once /health answers, one search is timed alone
+   (`first_search_seconds`); then a thread sends 3 searches per second (POST /search, scifact
    test queries, k 10, 127.0.0.1, 10 s timeout) and records every request's time, status and the `index_version`
    that answered it (WORK/requests.jsonl); another thread
    polls corpus_stats (sira.pipelines.shard_loader.published_versions) every 0.5 s and notes when each index
@@ -64,7 +64,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import instant_openai  # noqa: E402
-from bench.scale import TreeMemory, _descendants, kill_tree, run_job  # noqa: E402
+from sira.core.defaults import FOLLOW_POLL_S  # noqa: E402
+from bench.scale import TreeMemory, _descendants, kill_tree, run_job, write_report  # noqa: E402
 from bench.synthetic_corpus import (CHUNK_DOCS, change_set, doc_id_of, iter_documents, make_document,  # noqa: E402
                                     source_pool, write_parquet)
 
@@ -347,7 +348,7 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
     serve_memory.start()
     publications = Publications(wh)
     trickle = Trickle(url, texts, max_seconds=(args.nights + 1) * args.job_timeout)
-    poll_s = args.poll_s or 30.0
+    poll_s = args.poll_s or FOLLOW_POLL_S
     nights: list[dict] = []
     snapshot = corpus
     try:
@@ -509,7 +510,7 @@ def parse_args(argv=None):
     ap.add_argument("--changed-fraction", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/sira-nights"))
-    ap.add_argument("--poll-s", type=float, default=None, help="serve's --poll-s (default: serve's own, 30)")
+    ap.add_argument("--poll-s", type=float, default=None, help="serve's --poll-s (default: serve's own)")
     ap.add_argument("--full-build", choices=("nightly", "jobs"), default="nightly",
                     help="how the full builds run: `sira nightly` on an empty warehouse, or ingest + enrich + index")
     ap.add_argument("--job-timeout", type=float, default=4 * 3600, help="seconds any one job may run")
@@ -524,12 +525,7 @@ def main(argv=None) -> None:
         return compare_worker(*args.compare)
     if not args.docs or args.nights < 1:
         raise SystemExit("--docs and --nights >= 1 are required")
-    report = measure(args)
-    text = json.dumps(report, indent=2) + "\n"
-    if args.output_json:
-        args.output_json.parent.mkdir(parents=True, exist_ok=True)
-        args.output_json.write_text(text)
-    print(text)
+    write_report(measure(args), args.output_json)
 
 
 if __name__ == "__main__":

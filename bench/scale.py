@@ -291,6 +291,15 @@ def measure(args) -> dict:
     }
 
 
+def write_report(report: dict, path: Path | None) -> None:
+    """The results as indented JSON on stdout, and in `path` when given."""
+    text = json.dumps(report, indent=2) + "\n"
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    print(text)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int)
@@ -314,12 +323,7 @@ def main(argv=None) -> None:
         return load_worker(args.load)
     if not args.docs:
         raise SystemExit("--docs is required")
-    report = measure(args)
-    text = json.dumps(report, indent=2) + "\n"
-    if args.output_json:
-        args.output_json.parent.mkdir(parents=True, exist_ok=True)
-        args.output_json.write_text(text)
-    print(text)
+    write_report(measure(args), args.output_json)
 
 
 if __name__ == "__main__":
