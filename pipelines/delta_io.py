@@ -58,6 +58,15 @@ def write_table(uri: str, data, mode: str = "append", partition_by: Sequence[str
     return DeltaTable(uri).version()
 
 
+def _filesystem(uri: str):
+    """(pyarrow filesystem, root path) of a table URI or local path."""
+    import os
+
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+
+
 def write_stream(uri: str, batches: pa.RecordBatchReader, mode: str = "overwrite", file_rows: int = 100_000,
                  configuration: dict[str, str] | None = None) -> int:
     """Write a stream of any length in one commit with memory bounded by one row group: the files are written here
@@ -65,16 +74,14 @@ def write_stream(uri: str, batches: pa.RecordBatchReader, mode: str = "overwrite
     holds a large part of the stream in memory). `configuration`: table properties of a table created here.
     Returns the new table version."""
     import json
-    import os
     import time
     import uuid
 
-    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
     from deltalake.schema import Schema
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
-    fs, root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    fs, root = _filesystem(uri)
     fs.create_dir(root, recursive=True)
     actions: list = []
     writer, path, rows = None, "", 0
@@ -172,12 +179,9 @@ def changed_data_files(uri: str, since: int, until: int) -> list[str] | None:
     rewrites change no data, adds none). None when a commit's log entry is gone (log retention), so that the
     changes cannot be known this way."""
     import json
-    import os
     from urllib.parse import unquote
 
-    import pyarrow.fs as pafs
-
-    fs, root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    fs, root = _filesystem(uri)
     files: set[str] = set()
     for version in range(since + 1, until + 1):
         try:
@@ -197,11 +201,8 @@ def changed_data_files(uri: str, since: int, until: int) -> list[str] | None:
 def read_data_files(uri: str, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
     """`columns` of the table's data files `paths` (as `changed_data_files` names them), removed ones included while
     they are still on disk (FileNotFoundError once vacuumed)."""
-    import os
-
-    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    fs, root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    fs, root = _filesystem(uri)
     parts = [pq.read_table(f"{root}/{p}", columns=list(columns), filesystem=fs) for p in paths]
     return pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in columns})
