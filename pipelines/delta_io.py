@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from functools import lru_cache
 from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
@@ -22,18 +26,22 @@ def table_version(uri: str) -> int | None:
         return None
 
 
+def table_id(uri: str, version: int | None = None) -> str:
+    """The table's id (Delta metadata): the same for every version of the table, new when it is created again."""
+    table = _snapshot(uri, version) if version is not None else _open(uri, None)
+    with _OPENING:
+        return table.metadata().id
+
+
 def read_table(
     uri: str,
     version: int | None = None,
     filters: Sequence[tuple] | None = None,
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
-    """Read one version of a table; `filters` are AND-ed tuples like ("shard", "=", 3) or ("segment", "in", [1, 4])."""
-    try:
-        dt = DeltaTable(uri, version=version)
-    except TableNotFoundError:
-        raise FileNotFoundError(f"no Delta table at {uri}") from None
-    dataset = dt.to_pyarrow_dataset()
+    """Read one version of a table; `filters` are AND-ed tuples like ("shard", "=", 3) or ("segment", "in", [1, 4]).
+    Partition columns in `filters` prune whole files."""
+    table = _snapshot(uri, version) if version is not None else _open(uri, None)
     expr = None
     for col, op, value in filters or ():
         if op == "=":
@@ -43,7 +51,35 @@ def read_table(
         else:
             raise ValueError(f"unsupported filter operator {op!r}")
         expr = term if expr is None else expr & term
+    with _OPENING:  # a DeltaTable is one Rust object: one thread at a time lists its files
+        dataset = table.to_pyarrow_dataset()
     return dataset.to_table(columns=list(columns) if columns else None, filter=expr)
+
+
+_OPENING = threading.Lock()
+
+
+def _open(uri: str, version: int | None) -> DeltaTable:
+    try:
+        return DeltaTable(uri, version=version)
+    except TableNotFoundError:
+        raise FileNotFoundError(f"no Delta table at {uri}") from None
+
+
+def _snapshot(uri: str, version: int) -> DeltaTable:
+    """A committed version of a table, opened once per process: a loader that reads one table version per shard
+    and segment replays its log once. Keyed by the version's commit file as well (size and time), so a table
+    created again at the same place is opened again."""
+    fs, path = _filesystem(uri)
+    info = fs.get_file_info(f"{path.rstrip('/')}/_delta_log/{version:020d}.json")
+    if info.type == pafs.FileType.NotFound:  # the log was cleaned up past a checkpoint: nothing to key on
+        return _open(uri, version)
+    return _snapshot_of(uri, version, info.size, info.mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _snapshot_of(uri: str, version: int, size: int, mtime_ns: int) -> DeltaTable:
+    return _open(uri, version)
 
 
 # Files of at most this size: delta-rs buffers a file's rows before writing it, so this bounds a streamed write's
@@ -60,10 +96,6 @@ def write_table(uri: str, data, mode: str = "append", partition_by: Sequence[str
 
 def _filesystem(uri: str):
     """(pyarrow filesystem, root path) of a table URI or local path."""
-    import os
-
-    import pyarrow.fs as pafs
-
     return pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
 
 

@@ -11,7 +11,18 @@ object-store warehouse):
         doc_id_offsets.npy doc_id_data.npy doc_lens.npy term_ids.npy indptr.npy doc_ords.npy impacts.npy
         term_max.npy tier_rows.npy tier_split.npy tier_max.npy  (ShardIndex.arrays(): plain .npy, readable by any
         numpy)
-        complete.json  (format version, fingerprint, every file's size and CRC32; written last)
+        complete.json  (format version, fingerprint, every file's size and CRC32, the version's segments and
+        term-statistics versions; written last)
+    <root>/<warehouse key>/segments/<segment_postings table id>/seg-<segment>-shard-<s>.f<FORMAT_VERSION>/
+        doc_id_offsets.npy doc_id_data.npy doc_lens.npy term_ids.npy indptr.npy doc_ords.npy tfs.npy
+        (sira.core.segments.SegmentShard: raw tfs, the same in every version that holds the segment) complete.json
+    <root>/<warehouse key>/term-stats/<term_stats table id>/v<version>.f<FORMAT_VERSION>/
+        term_ids.npy df_enriched.npy  (the term_stats rows one build wrote, by term id) complete.json
+
+A version's shard is assembled from its segments' entries, its tombstones and its term statistics (summed over
+their entries), so a searcher that follows a night reads from Delta only the segment and the statistics the night
+wrote. Segments and term-statistics versions are immutable once published and numbered by the index version that
+wrote them; the Delta table's id (new when a warehouse is created again at the same place) completes their key.
 
 The warehouse key hashes the warehouse URI; the fingerprint hashes the whole manifest row (corpus_stats), so
 a warehouse rebuilt under the same version number, or a changed table version, never matches an old entry.
@@ -44,11 +55,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 from sira.core.bm25 import ShardIndex
+from sira.core.segments import SegmentShard
 
 log = logging.getLogger("sira.shard_cache")
 
 CACHE_ENV = "SIRA_SHARD_CACHE"
-FORMAT_VERSION = 2  # bump when the arrays or their meaning change: old folders are then never opened
+FORMAT_VERSION = 3  # bump when the arrays or their meaning change: old folders are then never opened
 KEEP_VERSIONS = 2  # index versions kept per warehouse: the one being served and the one switched to
 MARKER = "complete.json"
 _TMP_PREFIX = ".tmp-"
@@ -93,26 +105,33 @@ def cached_shard(warehouse: str, manifest: dict, shard: int, load: Callable[[str
             except CacheCorrupt as exc:
                 log.warning("rebuilding cached shard %s: %s", folder, exc)
                 _remove(folder)
-        write_shard(folder, load(warehouse, manifest, shard), fingerprint)
+        write_shard(folder, load(warehouse, manifest, shard), fingerprint, {
+            "segments": sorted(manifest.get("segments") or []),
+            "term_stats_versions": [int(v) for v in manifest.get("term_stats_versions") or []]})
     _prune(folder.parent.parent, keep=folder.parent)
-    return open_shard(folder, shard, fingerprint)
+    return open_shard(folder, shard, fingerprint, verify=False)  # just written and checksummed
 
 
-def write_shard(folder: Path, index: ShardIndex, fingerprint: str) -> None:
-    """Write one shard folder atomically (temporary folder, marker last, rename)."""
+def write_shard(folder: Path, index: ShardIndex, fingerprint: str, extra: dict | None = None) -> None:
+    """Write one shard folder atomically (temporary folder, marker last, rename); `extra` goes into its marker."""
+    write_folder(folder, index.arrays(), {"fingerprint": fingerprint, "shard": index.shard, **(extra or {})})
+
+
+def write_folder(folder: Path, arrays: dict[str, np.ndarray], identity: dict) -> None:
+    """Write `arrays` as one cache folder atomically; `identity` goes into its marker and must match on open."""
     _remove_dead_temporaries(folder.parent)
     tmp = folder.with_name(f"{_TMP_PREFIX}{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
         files = {}
-        for name, array in index.arrays().items():
+        for name, array in arrays.items():
             path = tmp / f"{name}.npy"
             with open(path, "wb") as fh:
                 np.save(fh, np.ascontiguousarray(array), allow_pickle=False)
                 fh.flush()
                 os.fsync(fh.fileno())
             files[name] = {"bytes": path.stat().st_size, "crc32": _crc32(path)}
-        marker = {"format": FORMAT_VERSION, "fingerprint": fingerprint, "shard": index.shard, "files": files}
+        marker = {"format": FORMAT_VERSION, **identity, "files": files}
         with open(tmp / MARKER, "w", encoding="utf-8") as fh:
             json.dump(marker, fh, indent=1)
             fh.flush()
@@ -125,29 +144,105 @@ def write_shard(folder: Path, index: ShardIndex, fingerprint: str) -> None:
         raise
 
 
-def open_shard(folder: Path, shard: int, fingerprint: str) -> ShardIndex:
+def open_shard(folder: Path, shard: int, fingerprint: str, verify: bool = True) -> ShardIndex:
     """Memory-map a complete shard folder; CacheCorrupt when anything does not match its marker."""
+    arrays = open_folder(folder, {"fingerprint": fingerprint, "shard": shard}, verify)
+    try:
+        return ShardIndex.from_arrays(shard, arrays)
+    except (KeyError, ValueError) as exc:
+        raise CacheCorrupt(f"inconsistent arrays: {exc}") from None
+
+
+def open_folder(folder: Path, identity: dict, verify: bool = True) -> dict[str, np.ndarray]:
+    """Memory-map the arrays of a complete cache folder whose marker holds `identity`; CacheCorrupt otherwise (or
+    when a file is missing, has another size or, with `verify`, fails its checksum: not checked again by the process
+    that has just written it)."""
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CacheCorrupt(f"no readable {MARKER}: {exc}") from None
-    if marker.get("format") != FORMAT_VERSION or marker.get("fingerprint") != fingerprint \
-            or marker.get("shard") != shard:
-        raise CacheCorrupt(f"written for format {marker.get('format')}, fingerprint {marker.get('fingerprint')}, "
-                           f"shard {marker.get('shard')}")
+    written = {k: marker.get(k) for k in ("format", *identity)}
+    if written != {"format": FORMAT_VERSION, **identity}:
+        raise CacheCorrupt("written for " + ", ".join(f"{k} {v}" for k, v in written.items()))
     arrays = {}
     for name, expected in marker["files"].items():
         path = folder / f"{name}.npy"
         size = path.stat().st_size if path.exists() else None
         if size != expected["bytes"]:
             raise CacheCorrupt(f"{path.name}: {size} bytes, {expected['bytes']} expected")
-        if _crc32(path) != expected["crc32"]:
+        if verify and _crc32(path) != expected["crc32"]:
             raise CacheCorrupt(f"{path.name}: checksum mismatch")
-        arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
-    try:
-        return ShardIndex.from_arrays(shard, arrays)
-    except (KeyError, ValueError) as exc:
-        raise CacheCorrupt(f"inconsistent arrays: {exc}") from None
+        try:
+            arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:  # removed since the check by a pruning process, or unreadable
+            raise CacheCorrupt(f"{path.name}: {exc}") from None
+    return arrays
+
+
+def cached_segments(warehouse: str, table_id: str, segments: list[int], shard: int,
+                    read: Callable[[list[int]], dict[int, SegmentShard]], root: Path | str | None = None
+                    ) -> list[SegmentShard]:
+    """Shard `shard`'s part of each of `segments`, memory-mapped from the cache; the segments it lacks are read
+    together by `read(missing)` (from Delta) and cached first."""
+    folder = Path(root or cache_root()) / warehouse_key(warehouse) / "segments" / table_id
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def path(segment: int) -> Path:
+        return folder / f"seg-{segment}-shard-{shard}.f{FORMAT_VERSION}"
+
+    def identity(segment: int) -> dict:
+        return {"table_id": table_id, "segment": segment, "shard": shard}
+
+    with _locked(folder / f"shard-{shard}.lock"):
+        found = {}
+        for segment in segments:
+            if path(segment).exists():
+                try:
+                    found[segment] = SegmentShard.from_arrays(segment, shard, open_folder(path(segment),
+                                                                                          identity(segment)))
+                except (CacheCorrupt, KeyError, ValueError) as exc:
+                    log.warning("reading segment %s shard %s again: %s", segment, shard, exc)
+                    _remove(path(segment))
+        missing = [s for s in segments if s not in found]
+        if missing:
+            for segment, part in read(missing).items():
+                write_folder(path(segment), part.arrays(), identity(segment))
+                found[segment] = SegmentShard.from_arrays(segment, shard, open_folder(path(segment),
+                                                                                      identity(segment), False))
+    return [found[s] for s in segments]
+
+
+def cached_term_stats(warehouse: str, table_id: str, versions: list[int],
+                      read: Callable[[list[int]], dict[int, tuple[np.ndarray, np.ndarray]]],
+                      root: Path | str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(term ids ascending, df_enriched) of the term_stats rows of each of `versions`, memory-mapped from the cache;
+    the versions it lacks are read together by `read(missing)` and cached first."""
+    folder = Path(root or cache_root()) / warehouse_key(warehouse) / "term-stats" / table_id
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def path(version: int) -> Path:
+        return folder / f"v{version}.f{FORMAT_VERSION}"
+
+    def identity(version: int) -> dict:
+        return {"table_id": table_id, "version": version}
+
+    with _locked(folder / "term-stats.lock"):
+        found = {}
+        for version in versions:
+            if path(version).exists():
+                try:
+                    a = open_folder(path(version), identity(version))
+                    found[version] = (a["term_ids"], a["df_enriched"])
+                except (CacheCorrupt, KeyError) as exc:
+                    log.warning("reading term statistics v%s again: %s", version, exc)
+                    _remove(path(version))
+        missing = [v for v in versions if v not in found]
+        if missing:
+            for version, (ids, dfs) in read(missing).items():
+                write_folder(path(version), {"term_ids": ids, "df_enriched": dfs}, identity(version))
+                a = open_folder(path(version), identity(version), False)
+                found[version] = (a["term_ids"], a["df_enriched"])
+    return [found[v] for v in versions]
 
 
 def _crc32(path: Path) -> int:
@@ -207,13 +302,34 @@ def _alive(pid: int) -> bool:
 
 
 def _prune(warehouse_folder: Path, keep: Path) -> None:
-    """Remove cached versions of this warehouse other than `keep` and the KEEP_VERSIONS newest; a version
-    number cached under several fingerprints keeps only `keep`'s (the others are stale)."""
+    """Remove cached versions of this warehouse other than `keep` and the KEEP_VERSIONS newest (a version number
+    cached under several fingerprints keeps only `keep`'s: the others are stale), then the segments and
+    term-statistics versions that no remaining version lists, unless newer than all of them (a process may be
+    assembling a newer version from them now)."""
     def number(p: Path) -> int:
         return int(p.name[1:].split("-", 1)[0])
 
     versions = [p for p in warehouse_folder.iterdir() if p.is_dir() and p.name.startswith("v")]
     newest = sorted({number(p) for p in versions}, reverse=True)[:KEEP_VERSIONS]
+    kept = []
     for p in versions:
         if p != keep and (number(p) not in newest or number(p) == number(keep)):
             shutil.rmtree(p, ignore_errors=True)
+        else:
+            kept.append(p)
+    listed = {"segments": set(), "term_stats_versions": set()}
+    for marker in (m for p in kept for m in p.glob(f"shard-*/{MARKER}")):
+        try:
+            written = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for key, numbers in listed.items():
+            numbers.update(written.get(key) or ())
+    top = max((number(p) for p in kept), default=0)
+    for kind, key, pattern in (("segments", "segments", "seg-*"), ("term-stats", "term_stats_versions", "v*")):
+        for entry in warehouse_folder.glob(f"{kind}/*/{pattern}"):
+            if entry.name.startswith(_TMP_PREFIX) or not entry.is_dir():
+                continue
+            n = int(entry.name.split("-")[1] if kind == "segments" else entry.name[1:].split(".")[0])
+            if n not in listed[key] and n <= top:
+                _remove(entry)

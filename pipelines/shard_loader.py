@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Sequence
 
@@ -9,14 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sira.pipelines.delta_io import read_table, table_exists
-from sira.pipelines.shard_cache import cached_shard
+from sira.pipelines.delta_io import read_table, table_exists, table_id
+from sira.pipelines.shard_cache import cached_segments, cached_shard, cached_term_stats
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig
 from sira.core.bm25 import CorpusStats, ShardIndex
 from sira.core.defaults import DEFAULT_TAU
 from sira.core.dfstats import DFTable
 from sira.core.query_path import QueryPath, Scorer
+from sira.core.segments import SegmentShard, assemble_shard, segment_from_rows, sum_by_term
 from sira.core.search import Searcher
 
 
@@ -53,70 +56,46 @@ def find_index(warehouse: str, index_version: int | None = None, preset: str | N
 
 def load_shard(warehouse: str, manifest: dict, shard: int, dfs: DFTable | None = None) -> ShardIndex:
     """One shard of an index version as CSC arrays: the documents of its segments minus its tombstones, doc
-    ordinals in doc-id order, each term's postings in ordinal order, impacts with the version's statistics."""
+    ordinals in doc-id order, each term's postings in ordinal order, impacts with the version's statistics. The
+    segments come from the local cache (sira.pipelines.shard_cache); only those it lacks are read from Delta."""
     v, segments = manifest["index_version"], sorted(manifest["segments"])
-    where = [("segment", "in", segments), ("shard", "=", shard)]
-    docs = read_table(tables.table_uri(warehouse, tables.SEGMENT_DOCS), manifest["segment_docs_table_version"], where,
-                      ["segment", "doc_ord", "doc_id", "doc_len"])
-    post = read_table(tables.table_uri(warehouse, tables.SEGMENT_POSTINGS), manifest["segment_postings_table_version"],
-                      where, ["segment", "term_id", "block", "doc_ords", "tfs"])
-    # Number every document of the shard's segments: segment by segment, each in its own ordinal order.
-    seg_of_doc = np.searchsorted(segments, docs.column("segment").to_numpy())
-    per_segment = np.bincount(seg_of_doc, minlength=len(segments))
-    first = np.concatenate([[0], np.cumsum(per_segment)[:-1]])
-    number = first[seg_of_doc] + docs.column("doc_ord").to_numpy()
-    if not np.array_equal(np.sort(number), np.arange(docs.num_rows)):
-        raise ValueError(f"index v{v} shard {shard}: segment doc ordinals are not 0..n-1 in each segment")
-    alive = np.ones(docs.num_rows, dtype=bool)
+    parts = segment_shards(warehouse, manifest, shard)
+    dead = [np.empty(0, np.int64) for _ in segments]
     if manifest.get("num_tombstones"):
-        dead = read_table(tables.table_uri(warehouse, tables.TOMBSTONES), manifest["tombstones_table_version"],
+        rows = read_table(tables.table_uri(warehouse, tables.TOMBSTONES), manifest["tombstones_table_version"],
                           [("index_version", "=", v), ("shard", "=", shard)], ["segment", "doc_ord"])
-        alive[first[np.searchsorted(segments, dead.column("segment").to_numpy())]
-              + dead.column("doc_ord").to_numpy()] = False
-    # The shard's ordinals follow doc-id order over the live documents (the merge tie-break depends on it).
-    by_number = np.argsort(number)
-    live_rows = by_number[alive[number[by_number]]]
-    doc_ids = docs.column("doc_id").take(pa.array(live_rows))
-    order = pc.sort_indices(doc_ids).to_numpy()
-    live_rows, doc_ids = live_rows[order], doc_ids.take(pa.array(order))
-    ordinal_of = np.full(docs.num_rows, -1, dtype=np.int64)
-    ordinal_of[number[live_rows]] = np.arange(len(live_rows))
-
-    lengths = pc.list_value_length(post.column("doc_ords")).to_numpy(zero_copy_only=False).astype(np.int64)
-    row_first = first[np.searchsorted(segments, post.column("segment").to_numpy())]
-    ords = ordinal_of[np.repeat(row_first, lengths) + _flat(post.column("doc_ords"))]
-    # Postings by (term, ordinal) as one int64 key: the term's rank among the rows' terms above the ordinal. A file's
-    # rows come by term and its blocks in ordinal order, so the keys arrive in a few ascending runs that a stable
-    # sort (timsort) merges: 4-5x faster than sorting the pair of arrays.
-    row_terms = post.column("term_id").to_numpy()
-    term_ids, row_rank = np.unique(row_terms, return_inverse=True)
-    ranks = np.repeat(row_rank.astype(np.int64), lengths)
-    tfs = _flat(post.column("tfs"))
-    kept = ords >= 0
-    if not kept.all():
-        ords, ranks, tfs = ords[kept], ranks[kept], tfs[kept]
-    order = np.argsort((ranks << 32) | ords, kind="stable")
-    ords, ranks, tfs = ords[order], ranks[order], tfs[order]
-    starts = np.flatnonzero(np.concatenate([[True], ranks[1:] != ranks[:-1]])) if len(ranks) else np.empty(0, np.int64)
-    term_ids = term_ids[ranks[starts]]
+        seg, ords = rows.column("segment").to_numpy(), rows.column("doc_ord").to_numpy()
+        unknown = np.setdiff1d(seg, segments)
+        if len(unknown):
+            raise ValueError(f"index v{v} shard {shard}: tombstones in segments {unknown.tolist()}, which the "
+                             f"version does not hold")
+        dead = [ords[seg == s] for s in segments]
     dfs = dfs or load_df_table(warehouse, manifest)
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
-    return ShardIndex.from_postings(
-        shard=shard,
-        doc_ids=doc_ids,
-        doc_lens=docs.column("doc_len").to_numpy()[live_rows],
-        term_ids=term_ids,
-        dfs=dfs.of_ids(term_ids, f"index v{v} shard {shard}"),
-        postings_offsets=np.concatenate([starts, [len(ranks)]]).astype(np.int64),
-        postings_ords=ords.astype(np.int32),
-        postings_tfs=tfs,
-        stats=stats,
-    )
+    return assemble_shard(shard, parts, dead, dfs, stats, f"index v{v} shard {shard}")
 
 
-def _flat(column) -> np.ndarray:
-    chunks = [pc.list_flatten(c).to_numpy(zero_copy_only=False) for c in column.chunks]
-    return np.concatenate(chunks) if chunks else np.empty(0, np.int32)
+def segment_shards(warehouse: str, manifest: dict, shard: int) -> list[SegmentShard]:
+    """Shard `shard`'s part of each segment of the manifest's version (segment order), from the local cache;
+    the segments it lacks are read from Delta together, then cached."""
+    uri = tables.table_uri(warehouse, tables.SEGMENT_POSTINGS)
+    table = table_id(uri, manifest["segment_postings_table_version"])
+    return cached_segments(warehouse, table, sorted(manifest["segments"]), shard,
+                           lambda missing: read_segments(warehouse, manifest, missing, shard))
+
+
+def read_segments(warehouse: str, manifest: dict, segments: list[int], shard: int) -> dict[int, SegmentShard]:
+    """Shard `shard`'s part of each of `segments`, read from Delta: Parquet decoded by Arrow's threads, the files of
+    each (segment, shard) partition alone, no Python per row."""
+    docs_uri, post_uri = (tables.table_uri(warehouse, t) for t in (tables.SEGMENT_DOCS, tables.SEGMENT_POSTINGS))
+    out = {}
+    for s in segments:
+        where = [("segment", "=", s), ("shard", "=", shard)]
+        docs = read_table(docs_uri, manifest["segment_docs_table_version"], where, ["doc_ord", "doc_id", "doc_len"])
+        post = read_table(post_uri, manifest["segment_postings_table_version"], where,
+                          ["term_id", "block", "doc_ords", "tfs"])
+        out[s] = segment_from_rows(s, shard, docs, post)
+    return out
 
 
 def load_searcher(
@@ -128,8 +107,10 @@ def load_searcher(
     manifest = find_index(warehouse, index_version, preset, enriched)
     wanted = range(manifest["num_shards"]) if shards is None else shards
     dfs = lru_cache(maxsize=1)(lambda: load_df_table(warehouse, manifest))  # read once, and only on a cache miss
-    loaded = [cached_shard(warehouse, manifest, s, lambda w, m, shard: load_shard(w, m, shard, dfs()))
-              for s in wanted]
+    # A shard per core at a time: Arrow's reads and the numba kernels release the GIL.
+    with ThreadPoolExecutor(max(1, min(len(wanted), os.cpu_count() or 1))) as pool:
+        loaded = list(pool.map(lambda s: cached_shard(warehouse, manifest, s, lambda w, m, shard: load_shard(
+            w, m, shard, dfs())), wanted))
     stats = CorpusStats(manifest["num_docs"], manifest["avgdl"], manifest["k1"], manifest["b"])
     analyzer = Analyzer(AnalyzerConfig.model_validate_json(manifest["analyzer_json"]))
     return Searcher(loaded, stats, analyzer), manifest
@@ -163,9 +144,24 @@ def read_term_stats(warehouse: str, manifest: dict, columns: Sequence[str] = ("t
 
 def load_df_table(warehouse: str, manifest: dict) -> DFTable:
     """DF of every term of an index version, as the query-side filter sees it (DF in the indexed corpus,
-    enrichment included)."""
-    stats = read_term_stats(warehouse, manifest, ["df_enriched"])
-    return DFTable(stats.column("term_id").to_numpy(), stats.column("df_enriched").to_numpy(), manifest["num_docs"])
+    enrichment included): the sum over its term-statistics versions, each from the local cache (read from Delta
+    once)."""
+    uri, version = tables.table_uri(warehouse, tables.TERM_STATS), manifest["term_stats_table_version"]
+
+    def read(missing: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        rows = read_table(uri, version, [("index_version", "in", missing)], ["index_version", "term_id", "df_enriched"])
+        out = {}
+        for v in missing:
+            mine = rows.filter(pc.equal(rows.column("index_version"), v)) if len(missing) > 1 else rows
+            ids = mine.column("term_id").to_numpy()
+            order = np.argsort(ids, kind="stable")
+            out[v] = ids[order], mine.column("df_enriched").to_numpy()[order]
+        return out
+
+    parts = cached_term_stats(warehouse, table_id(uri, version), tables.term_stats_versions_of(manifest), read)
+    term_ids, dfs = sum_by_term(parts)
+    held = dfs > 0  # a term belongs to the version while its summed DF is positive (sira.core.tables)
+    return DFTable(term_ids[held], dfs[held], manifest["num_docs"])
 
 
 def load_query_path(warehouse: str, manifest: dict, scorer: Scorer, tau: float = DEFAULT_TAU,

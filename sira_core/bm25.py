@@ -115,18 +115,21 @@ def term_maxima(indptr: np.ndarray, impacts: np.ndarray) -> np.ndarray:
 
 
 def split_tiers(indptr: np.ndarray, doc_ords: np.ndarray, impacts: np.ndarray, min_postings: int | None = None,
-                quantile: float | None = None) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+                quantile: float | None = None, in_place: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """Store each term with at least `min_postings` postings (TIER_MIN_POSTINGS) in two tiers, each in ordinal
     order: first its postings whose impact exceeds the `quantile` (TIER_QUANTILE) of its impacts, then the
     others. Returns (doc_ords, impacts, (tier_rows, tier_split, tier_max)): the rows split, where each one's low
     tier begins, and the low tier's largest impact (term_max stays the high tier's). Scores do not change: a
-    list's order does not matter to a sum, and the pruned scorer bounds the low tier by its own maximum."""
+    list's order does not matter to a sum, and the pruned scorer bounds the low tier by its own maximum.
+    `in_place`: reorder the given arrays (the caller's own, writeable) instead of copies."""
     min_postings = TIER_MIN_POSTINGS if min_postings is None else min_postings
     quantile = TIER_QUANTILE if quantile is None else quantile
     long_rows = np.flatnonzero(np.diff(indptr) >= max(min_postings, 2)).astype(np.int64)
     if not len(long_rows):
         return doc_ords, impacts, (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, IMPACT_DTYPE))
-    doc_ords, impacts = np.array(doc_ords, dtype=np.int32), np.array(impacts, dtype=IMPACT_DTYPE)
+    if not in_place:
+        doc_ords, impacts = np.array(doc_ords, dtype=np.int32), np.array(impacts, dtype=IMPACT_DTYPE)
     split = np.empty(len(long_rows), np.int64)
     low_max = np.empty(len(long_rows), IMPACT_DTYPE)
     kept = _split_tiers(indptr, doc_ords, impacts, long_rows, quantile, split, low_max)
@@ -210,12 +213,14 @@ class ShardIndex:
         impacts: np.ndarray,
         term_max: np.ndarray | None = None,
         tiers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        owned: bool = False,
     ):
         """`doc_ids`: anything pyarrow takes as strings (list, numpy object array, Arrow array), sorted; doc
         ordinal i is doc_ids[i]. `doc_ords`: ascending within each term's postings. `impacts`: > 0, as BM25
         contributions are. `term_max`: term_maxima(indptr, impacts), computed here when not given. `tiers`:
         (tier_rows, tier_split, tier_max) as arrays() gives them, with doc_ords and impacts already in tier order;
-        when not given, the terms with at least TIER_MIN_POSTINGS postings are split here (split_tiers)."""
+        when not given, the terms with at least TIER_MIN_POSTINGS postings are split here (split_tiers), in place
+        when `owned` (doc_ords and impacts are writeable arrays made for this shard alone, not copied again)."""
         doc_ids = as_doc_id_array(doc_ids)
         if len(doc_ids) != len(doc_lens):
             raise ValueError(f"shard {shard}: doc_ids and doc_lens differ in length")
@@ -237,7 +242,8 @@ class ShardIndex:
         if len(term_max) != len(self.term_ids):
             raise ValueError(f"shard {shard}: {len(term_max)} term maxima for {len(self.term_ids)} terms")
         if tiers is None:
-            doc_ords, impacts, tiers = split_tiers(self.indptr, doc_ords, impacts)
+            doc_ords, impacts, tiers = split_tiers(self.indptr, doc_ords, impacts, in_place=owned and
+                                                   doc_ords.flags.writeable and impacts.flags.writeable)
         tier_rows, tier_split, tier_max = (np.asarray(tiers[0], np.int64), np.asarray(tiers[1], np.int64),
                                            np.asarray(tiers[2], IMPACT_DTYPE))
         if not len(tier_rows) == len(tier_split) == len(tier_max) or (len(tier_rows) and (

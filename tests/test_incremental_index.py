@@ -16,6 +16,7 @@ from sira.jobs import ingest as ingest_job
 from sira.pipelines.delta_io import read_table
 from sira.pipelines.hit_details import version_injections
 from sira.pipelines.ray_enrich import commit
+from sira.pipelines import shard_loader
 from sira.pipelines.shard_loader import find_index, load_searcher, read_term_stats
 from sira.core import tables
 from sira.core.hashing import term_id
@@ -188,6 +189,35 @@ def test_a_night_writes_only_the_term_statistics_that_moved(nights):
     sleep = {r["term_id"]: r for r in moved.to_pylist()}[term_id("sleep")]
     assert before["df"] == 1 and (sleep["df"], sleep["df_enriched"], sleep["cf"]) == (-1, -1, -before["cf"])
     assert term_id("sleep") not in read_term_stats(wh, find_index(wh, second["plain"]["index_version"]))["term_id"].to_pylist()
+
+
+def test_a_searcher_opens_a_night_by_reading_only_what_the_night_wrote(nights, tmp_path, monkeypatch):
+    """The local cache keeps each segment and each term-statistics version: a searcher that has opened night 1
+    opens night 2 by reading from Delta only night 2's segment, tombstones and statistics, and assembles the same
+    shards as a searcher with no cache at all (which version to open comes from corpus_stats, as always)."""
+    wh, _, first, second = nights
+    reads = []
+    real = shard_loader.read_table
+    monkeypatch.setattr(shard_loader, "read_table", lambda uri, version=None, filters=None, columns=None: (
+        reads.append((uri.rsplit("/", 1)[-1], filters)) or real(uri, version, filters, columns)))
+    for kind in ("plain", "enriched"):
+        v1, v2 = first[kind]["index_version"], second[kind]["index_version"]
+        monkeypatch.setenv("SIRA_SHARD_CACHE", str(tmp_path / kind / "following"))
+        load_searcher(wh, v1)
+        reads.clear()
+        followed, _ = load_searcher(wh, v2)
+        assert sorted({(table, None if table == "tombstones" else tuple(
+            (c, op, tuple(v) if isinstance(v, list) else v) for c, op, v in f)) for table, f in reads if table != "corpus_stats"}, key=str) == sorted({
+            ("segment_docs", (("segment", "=", v2), ("shard", "=", 0))),
+            ("segment_docs", (("segment", "=", v2), ("shard", "=", 1))),
+            ("segment_postings", (("segment", "=", v2), ("shard", "=", 0))),
+            ("segment_postings", (("segment", "=", v2), ("shard", "=", 1))),
+            ("tombstones", None), ("term_stats", (("index_version", "in", (v2,)),))}, key=str)
+        monkeypatch.setenv("SIRA_SHARD_CACHE", str(tmp_path / kind / "cold"))
+        cold, _ = load_searcher(wh, v2)
+        for a, b in zip(followed.shards, cold.shards):
+            for name, array in a.arrays().items():
+                assert np.array_equal(array, b.arrays()[name]), f"{kind} shard {a.shard}: {name}"
 
 
 # Between night 1 and night 2: d05 changes (its words leave, "zebrafish" comes) and d08 goes; night 2 then brings

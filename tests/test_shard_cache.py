@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from sira.pipelines import shard_cache
@@ -15,6 +16,7 @@ from sira.pipelines.shard_cache import cached_shard, shard_dir
 from sira.core.analysis import AnalyzerConfig
 from sira.core.memory_index import build_searcher
 from sira.core.presets import BM25Params, IndexPreset
+from sira.core.segments import SegmentShard
 
 PRESET = IndexPreset(name="t", analyzer=AnalyzerConfig(stemmer="none", max_n=2), bm25=BM25Params())
 DOCS = [(f"d{i:03d}", "", f"word{i % 7} common text number {i % 3} extra{i % 11}") for i in range(120)]
@@ -124,3 +126,56 @@ def test_entries_are_keyed_by_warehouse_and_manifest_and_old_versions_go(tmp_pat
     kept = sorted(p.name.split("-")[0] for p in shard_dir("/wh/a", MANIFEST, 0, tmp_path).parent.parent.iterdir())
     assert kept == ["v4", "v5"]
     assert shard_dir("/wh/b", MANIFEST, 0, tmp_path).exists()
+
+
+def segment(number: int, shard: int = 0) -> SegmentShard:
+    """A small segment part (any content: the cache stores arrays, it does not read them)."""
+    return SegmentShard(number, shard, pa.array([f"s{number}-a", f"s{number}-b"], pa.large_string()),
+                        np.array([2, 3], np.int32), np.array([4, 7]), np.array([0, 1, 3]),
+                        np.array([1, 0, 1], np.int32), np.array([2, 1, 1], np.int32))
+
+
+class CountingReader:
+    """Stands in for shard_loader.read_segments (the Delta read): records which segments it was asked for."""
+
+    def __init__(self):
+        self.asked = []
+
+    def __call__(self, missing):
+        self.asked.append(list(missing))
+        return {s: segment(s) for s in missing}
+
+
+def test_segments_are_read_once_and_a_damaged_one_is_read_again(tmp_path):
+    read = CountingReader()
+    first = shard_cache.cached_segments("/wh/a", "table-1", [1, 4], 0, read, tmp_path)
+    again = shard_cache.cached_segments("/wh/a", "table-1", [1, 4, 6], 0, read, tmp_path)  # a night came: 6
+    assert read.asked == [[1, 4], [6]]
+    assert [p.segment for p in again] == [1, 4, 6] and again[0].doc_ids.to_pylist() == ["s1-a", "s1-b"]
+    assert isinstance(again[1].tfs, np.memmap) and np.array_equal(first[1].tfs, segment(4).tfs)
+    folder = next((tmp_path / shard_cache.warehouse_key("/wh/a") / "segments" / "table-1").glob("seg-4-shard-0.*"))
+    data = bytearray((folder / "tfs.npy").read_bytes())
+    data[-1] ^= 0x01
+    (folder / "tfs.npy").write_bytes(bytes(data))
+    shard_cache.cached_segments("/wh/a", "table-1", [1, 4, 6], 0, read, tmp_path)
+    assert read.asked[-1] == [4]
+    # A warehouse created again at the same place has new table ids: nothing of the old one matches.
+    shard_cache.cached_segments("/wh/a", "table-2", [1], 0, read, tmp_path)
+    assert read.asked[-1] == [1]
+
+
+def test_segments_and_statistics_go_when_no_kept_version_lists_them(tmp_path, reference, monkeypatch):
+    monkeypatch.setattr(shard_cache, "KEEP_VERSIONS", 2)
+    load = CountingLoader(reference)
+    read = CountingReader()
+    stats = lambda missing: {v: (np.array([1, 2]), np.array([v, v])) for v in missing}
+    root = tmp_path / shard_cache.warehouse_key("/wh/a")
+    for version, segments in ((3, [3]), (4, [3, 4]), (5, [3, 5]), (6, [6]), (7, [6, 7])):
+        shard_cache.cached_segments("/wh/a", "t", segments, 0, read, tmp_path)
+        shard_cache.cached_term_stats("/wh/a", "s", segments, stats, tmp_path)
+        cached_shard("/wh/a", {**MANIFEST, "index_version": version, "segments": segments,
+                               "term_stats_versions": segments}, 0, load, tmp_path)
+        # What the two newest versions list stays: version 6 is a compaction, so after version 7 segment 3 goes.
+        listed = {3: {3}, 4: {3, 4}, 5: {3, 4, 5}, 6: {3, 5, 6}, 7: {6, 7}}[version]
+        assert {int(p.name.split("-")[1]) for p in root.glob("segments/t/seg-*")} == listed
+        assert {int(p.name[1:].split(".")[0]) for p in root.glob("term-stats/s/v*")} == listed
