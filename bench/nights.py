@@ -3,6 +3,7 @@
 
     python bench/nights.py --docs 1000000 --nights 30 --output-json bench/results/nights_1m.json
                            [--work-dir /tmp/sira-nights] [--seed 7] [--changed-fraction 0.01] [--poll-s S]
+    python bench/nights.py --continue-from bench/results/nights_1m.json --nights 2 --output-json MORE.json
 
 Everything runs through the real jobs with their default settings (the `sira` CLI in a subprocess of its own, each
 process tree sampled for memory by bench/scale.py's TreeMemory), on the synthetic corpus of bench/synthetic_corpus.py,
@@ -339,7 +340,7 @@ def compare_worker(nights_wh: str, fresh_wh: str) -> None:
 
 
 def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: str, full_seconds: float,
-               t0: float) -> tuple[list[dict], dict]:
+               t0: float, first_night: int = 1) -> tuple[list[dict], dict]:
     port, texts = free_port(), queries()
     url = f"http://127.0.0.1:{port}/search"
     log(f"sira serve on 127.0.0.1:{port}")
@@ -358,8 +359,9 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
         log(f"first search: {first_search['latency_s']:.1f} s (status {first_search['status']})")
         publications.start()
         trickle.start()
-        for i in range(1, args.nights + 1):
-            fraction = night_fraction(i, args.nights, args.changed_fraction)
+        for i in range(first_night, first_night + args.nights):
+            fraction = night_fraction(i, args.nights, args.changed_fraction) if first_night == 1 else \
+                args.changed_fraction
             started = time.time()
             made = None
             if fraction:
@@ -391,7 +393,7 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
                 **{k: run[k] for k in run if k.startswith("peak_rss_tree")},
             })
             n = nights[-1]
-            log(f"night {i}/{args.nights}: {fraction:.0%} changed, {n['seconds']:.1f} s "
+            log(f"night {i}/{first_night + args.nights - 1}: {fraction:.0%} changed, {n['seconds']:.1f} s "
                 f"({n['fraction_of_full_build']:.1%} of the full build), v{v} "
                 f"{'new' if new else 'unchanged'}, {n['segments']} segments, {n['num_tombstones']} tombstones"
                 f"{', compacted' if n['compacted'] else ''}; steps {n['step_seconds']}")
@@ -503,6 +505,37 @@ def measure(args) -> dict:
     }
 
 
+def measure_more_nights(args) -> dict:
+    """`--continue-from EARLIER.json`: K more nights on the warehouse of an earlier run (its work dir, its last
+    snapshot, its full build's seconds as the denominator), with a server that starts on its newest version: the
+    follow and the nights' costs measured again after the code changed, without building twice in full. Rankings,
+    query speed against a fresh build and the cold load are not measured (null)."""
+    t0 = time.time()
+    earlier = json.loads(args.continue_from.read_text())
+    work = Path(earlier["nights"][-1]["snapshot"]).parent
+    logs = work / "logs"
+    snapshot = Path(earlier["nights"][-1]["snapshot"])
+    first = earlier["nights"][-1]["night"] + 1
+    with instant_openai.start(max_seconds=(args.nights + 2) * args.job_timeout) as server:
+        nights, serving = run_nights(args, work, logs, snapshot, work / "wh-nights", server.base_url,
+                                     earlier["full_build_seconds"], t0, first_night=first)
+        instant_stats = server.stop()
+    fractions = [x["fraction_of_full_build"] for x in nights]
+    follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
+    return {
+        "docs": earlier["docs"], "nights": nights, "continued_from": str(args.continue_from),
+        "night_fraction_mean": round(statistics.mean(fractions), 4) if fractions else None,
+        "night_fraction_max": max(fractions, default=None),
+        "follow_seconds_max": max(follows, default=None),
+        "failed_requests": serving["failed_requests"],
+        "rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None, "cold_load_seconds": None,
+        "full_build_seconds": earlier["full_build_seconds"], "changed_fraction": args.changed_fraction,
+        "cores": os.cpu_count(), "command": "python bench/nights.py " + " ".join(sys.argv[1:]),
+        "git_commit": git_commit(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(time.time() - t0, 1), "serving": serving, "instant_server": instant_stats,
+    }
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int)
@@ -515,6 +548,7 @@ def parse_args(argv=None):
                     help="how the full builds run: `sira nightly` on an empty warehouse, or ingest + enrich + index")
     ap.add_argument("--job-timeout", type=float, default=4 * 3600, help="seconds any one job may run")
     ap.add_argument("--output-json", type=Path)
+    ap.add_argument("--continue-from", type=Path, help="an earlier run's results JSON: K more nights on its warehouse")
     ap.add_argument("--compare", nargs=2, help=argparse.SUPPRESS)  # worker mode
     return ap.parse_args(argv)
 
@@ -523,6 +557,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.compare:
         return compare_worker(*args.compare)
+    if args.continue_from:
+        return write_report(measure_more_nights(args), args.output_json)
     if not args.docs or args.nights < 1:
         raise SystemExit("--docs and --nights >= 1 are required")
     write_report(measure(args), args.output_json)

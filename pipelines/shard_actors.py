@@ -21,8 +21,13 @@ from sira.core.search import merge_ranked
 @ray.remote(num_cpus=0.25)  # fractional: on small machines whole-CPU actors starve everything else
 class ShardActor:
     def __init__(self, warehouse: str, manifest: dict, shard: int):
-        self.shard = cached_shard(warehouse, manifest, shard, load_shard)
+        # A version not cached yet is served from memory as soon as it is assembled, and from the shared
+        # memory-mapped cache once written (the same arrays: a search may use either).
+        self.shard = cached_shard(warehouse, manifest, shard, load_shard, write_behind=self._mapped)
         warm_up(self.shard)
+
+    def _mapped(self, shard) -> None:
+        self.shard = shard
 
     def num_docs(self) -> int:
         return self.shard.num_docs

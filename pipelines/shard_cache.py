@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import uuid
 import zlib
 from contextlib import contextmanager
@@ -91,23 +92,42 @@ def shard_dir(warehouse: str, manifest: dict, shard: int, root: Path | str | Non
 
 
 def cached_shard(warehouse: str, manifest: dict, shard: int, load: Callable[[str, dict, int], ShardIndex],
-                 root: Path | str | None = None) -> ShardIndex:
+                 root: Path | str | None = None,
+                 write_behind: Callable[[ShardIndex], None] | None = None) -> ShardIndex:
     """Shard `shard` of the manifest's index version, memory-mapped from the local cache; on a miss (or a
     folder that fails its checks) `load(warehouse, manifest, shard)` (shard_loader.load_shard) builds it and
-    it is written to the cache first."""
+    it is written to the cache first. With `write_behind`, a miss returns the shard as built (in memory) at once
+    and a thread writes it, then hands `write_behind` the memory-mapped copy: a server that follows a new version
+    answers from it without waiting for the write, and then holds the shared pages instead of its own."""
     folder = shard_dir(warehouse, manifest, shard, root)
     fingerprint = manifest_fingerprint(manifest)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.with_name(folder.name + ".lock")):
+    lock = folder.with_name(folder.name + ".lock")
+    extra = {"segments": sorted(manifest.get("segments") or []),
+             "term_stats_versions": [int(v) for v in manifest.get("term_stats_versions") or []]}
+    with _locked(lock):
         if folder.exists():
             try:
                 return open_shard(folder, shard, fingerprint)
             except CacheCorrupt as exc:
                 log.warning("rebuilding cached shard %s: %s", folder, exc)
                 _remove(folder)
-        write_shard(folder, load(warehouse, manifest, shard), fingerprint, {
-            "segments": sorted(manifest.get("segments") or []),
-            "term_stats_versions": [int(v) for v in manifest.get("term_stats_versions") or []]})
+        index = load(warehouse, manifest, shard)
+        if write_behind is None:
+            write_shard(folder, index, fingerprint, extra)
+    if write_behind is not None:
+        def write() -> None:
+            try:
+                with _locked(lock):
+                    if not folder.exists():
+                        write_shard(folder, index, fingerprint, extra)
+                _prune(folder.parent.parent, keep=folder.parent)
+                write_behind(open_shard(folder, shard, fingerprint, verify=False))
+            except Exception:  # the shard in memory goes on serving; a later load writes the cache
+                log.exception("writing cached shard %s", folder)
+
+        threading.Thread(target=write, name=f"cache-shard-{shard}", daemon=True).start()
+        return index
     _prune(folder.parent.parent, keep=folder.parent)
     return open_shard(folder, shard, fingerprint, verify=False)  # just written and checksummed
 

@@ -277,6 +277,25 @@ def _merge_postings(seq_rows, term_rows, union, big_indptr, big_ords, big_tfs, b
                 p, end = big_indptr[r], big_indptr[r + 1]
             else:
                 p, end = small_indptr[r - n_big], small_indptr[r - n_big + 1]
+            if n_have == 0:  # the term's first row (most terms have one): a straight copy of its live postings
+                x = lo
+                if is_big:
+                    for q in range(p, end):
+                        d = big_remap[big_ords[q]]
+                        if d >= 0:
+                            tf = np.float64(big_tfs[q])
+                            out_ords[x] = d
+                            out_impacts[x] = w * (tf * k1_plus_1 / (tf + norm[d]))
+                            x += 1
+                else:
+                    for q in range(p, end):
+                        d = small_ords[q]
+                        tf = np.float64(small_tfs[q])
+                        out_ords[x] = d
+                        out_impacts[x] = w * (tf * k1_plus_1 / (tf + norm[d]))
+                        x += 1
+                o = x
+                continue
             a, x, d = 0, lo, -1
             while p < end:  # the row's next live posting: its ordinal d (p stays on it)
                 d = big_remap[big_ords[p]] if is_big else small_ords[p]

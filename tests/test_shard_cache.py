@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +180,18 @@ def test_segments_and_statistics_go_when_no_kept_version_lists_them(tmp_path, re
         listed = {3: {3}, 4: {3, 4}, 5: {3, 4, 5}, 6: {3, 5, 6}, 7: {6, 7}}[version]
         assert {int(p.name.split("-")[1]) for p in root.glob("segments/t/seg-*")} == listed
         assert {int(p.name[1:].split(".")[0]) for p in root.glob("term-stats/s/v*")} == listed
+
+
+def test_a_server_answers_from_memory_while_the_shard_is_written_behind(tmp_path, reference):
+    load = CountingLoader(reference)
+    mapped = []
+    written = threading.Event()
+    shard = cached_shard("/wh/a", MANIFEST, 1, load, tmp_path,
+                         write_behind=lambda s: (mapped.append(s), written.set()))
+    assert not isinstance(shard.impacts.base, np.memmap)  # the shard as built, before its files are written
+    assert same_results(ranked(shard, reference), ranked(reference.shards[1], reference))
+    assert written.wait(30)
+    assert isinstance(mapped[0].impacts.base, np.memmap)
+    assert same_results(ranked(mapped[0], reference), ranked(reference.shards[1], reference))
+    again = cached_shard("/wh/a", MANIFEST, 1, load, tmp_path, write_behind=lambda s: None)
+    assert load.calls == 1 and isinstance(again.impacts.base, np.memmap)
