@@ -156,14 +156,20 @@ class SearchService:
         service.current = service.load(manifest, actors)
         return service
 
-    def load(self, manifest: dict, actors: list | None = None) -> ServedIndex:
-        """Load one version (blocking: shard actors start and read their shards; a broken shard fails here)."""
-        from sira.pipelines.shard_actors import ShardActors, start_shard_actors
+    def load(self, manifest: dict, actors: list | None = None, into: list | None = None) -> ServedIndex:
+        """Load one version (blocking: shard actors start, or the running ones in `into` load it too, and read their
+        shards; a broken shard fails here)."""
+        from sira.pipelines.shard_actors import ShardActors, load_into, start_shard_actors
         from sira.pipelines.shard_loader import load_query_path
 
         proposer = OnlineProposer(self.warehouse, self.backend, self.task, manifest) if self.backend else None
         owns = actors is None
-        shards = ShardActors(start_shard_actors(self.warehouse, manifest) if actors is None else actors)
+        if into is not None and len(into) == manifest["num_shards"]:
+            load_into(into, manifest)
+            actors = into
+        elif actors is None:
+            actors = start_shard_actors(self.warehouse, manifest)
+        shards = ShardActors(actors, manifest["index_version"])
         path = load_query_path(self.warehouse, manifest, shards, self.tau, expand=proposer is not None)
         return ServedIndex(manifest, path, proposer, owns)
 
@@ -204,7 +210,9 @@ class SearchService:
                 return False
             log.info("index v%d published: loading it next to v%d", newest["index_version"],
                      old.manifest["index_version"])
-            new = await loop.run_in_executor(None, self.load, newest)
+            # The server's own actors load the new version next to the old one: no process starts.
+            new = await loop.run_in_executor(None, lambda: self.load(
+                newest, into=old.actors if old.owns_actors else None))
             if new.proposer is not None:
                 await new.proposer.start()
             self.current = new  # the switch: new searches use `new`; running ones keep the version they hold
@@ -220,8 +228,12 @@ class SearchService:
         if old.proposer is not None:
             await old.proposer.close()
         if old.owns_actors:
+            kept = {id(a) for a in self.current.actors}
             for actor in old.actors:
-                ray.kill(actor)
+                if id(actor) in kept:  # the actor now serves the new version: it drops the old one only
+                    actor.drop.remote(old.manifest["index_version"])
+                else:
+                    ray.kill(actor)
 
     def _published_table_version(self) -> int:
         """The corpus_stats table's version, read incrementally (a listing of its log's new entries): a poll that

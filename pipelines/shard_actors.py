@@ -18,33 +18,56 @@ from sira.core.query_path import Constraint, Ranked
 from sira.core.search import merge_ranked
 
 
-@ray.remote(num_cpus=0.25)  # fractional: on small machines whole-CPU actors starve everything else
+@ray.remote(num_cpus=0.25, max_concurrency=4)  # fractional: on small machines whole-CPU actors starve the rest
 class ShardActor:
+    """One shard of one or more index versions: a server that follows a night loads the new version into the
+    actors it has (no process to start, kernels already loaded) while they go on answering from the old one
+    (threaded actor), then drops the old one."""
+
     def __init__(self, warehouse: str, manifest: dict, shard: int):
-        # A version not cached yet is served from memory as soon as it is assembled, and from the shared
-        # memory-mapped cache once written (the same arrays: a search may use either).
-        self.shard = cached_shard(warehouse, manifest, shard, load_shard, write_behind=self._mapped)
-        warm_up(self.shard)
+        self.warehouse, self.shard_number = warehouse, shard
+        self.versions: dict[int, object] = {}
+        self.load(manifest)
 
-    def _mapped(self, shard) -> None:
-        self.shard = shard
+    def load(self, manifest: dict) -> int:
+        """Hold the manifest's version too; returns its number. A version not cached yet is served from memory as
+        soon as it is assembled, and from the shared memory-mapped cache once written (the same arrays)."""
+        v = manifest["index_version"]
+        if v not in self.versions:
+            shard = cached_shard(self.warehouse, manifest, self.shard_number, load_shard,
+                                 write_behind=lambda mapped: self._mapped(v, mapped))
+            warm_up(shard)
+            self.versions[v] = shard
+        return v
 
-    def num_docs(self) -> int:
-        return self.shard.num_docs
+    def _mapped(self, version: int, shard) -> None:
+        if version in self.versions:
+            self.versions[version] = shard
+
+    def drop(self, version: int) -> None:
+        self.versions.pop(version, None)
+
+    def _shard(self, version: int | None):
+        return self.versions[max(self.versions) if version is None else version]
+
+    def num_docs(self, version: int | None = None) -> int:
+        return self._shard(version).num_docs
 
     def top_k(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
-              exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[Ranked]:
+              exclude_doc_ids: Sequence[Iterable[str]] | None = None, version: int | None = None) -> list[Ranked]:
         """[(doc ids (Arrow), scores (float64))] per query, best first, on this shard alone."""
+        shard = self._shard(version)
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints or ()]
-        skip = [self.shard.ords_of(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else None
-        ords, scores, counts = self.shard.top_k_many(queries, k, ids or None, skip)
-        return [(self.shard.doc_ids.take(pa.array(ords[i, : counts[i]])), scores[i, : counts[i]])
+        skip = [shard.ords_of(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else None
+        ords, scores, counts = shard.top_k_many(queries, k, ids or None, skip)
+        return [(shard.doc_ids.take(pa.array(ords[i, : counts[i]])), scores[i, : counts[i]])
                 for i in range(len(queries))]
 
-    def contributions(self, query: WeightedQuery, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+    def contributions(self, query: WeightedQuery, doc_ids: Sequence[str], version: int | None = None
+                      ) -> dict[str, dict[str, float]]:
         """Per-term contributions (ShardIndex.contributions) of those of `doc_ids` this shard holds."""
-        return {self.shard.doc_ids[int(o)].as_py(): self.shard.contributions(int(o), query)
-                for o in self.shard.ords_of(doc_ids)}
+        shard = self._shard(version)
+        return {shard.doc_ids[int(o)].as_py(): shard.contributions(int(o), query) for o in shard.ords_of(doc_ids)}
 
 
 def warm_up(shard) -> None:
@@ -65,18 +88,21 @@ def warm_up(shard) -> None:
 
 class ShardActors:
     """One index version's shard actors as a Scorer (sira.core.query_path): scatter, gather, merge. Blocking:
-    the server calls it on a worker thread."""
+    the server calls it on a worker thread. `version`: the index version to score on (None: the newest the
+    actors hold)."""
 
-    def __init__(self, actors: list):
+    def __init__(self, actors: list, version: int | None = None):
         self.actors = actors
+        self.version = version
 
     def retrieve(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
                  exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[Ranked]:
-        per_shard = ray.get([a.top_k.remote(queries, k, constraints, exclude_doc_ids) for a in self.actors])
+        per_shard = ray.get([a.top_k.remote(queries, k, constraints, exclude_doc_ids, self.version)
+                             for a in self.actors])
         return [merge_ranked([shard[i] for shard in per_shard], k) for i in range(len(queries))]
 
     def contributions(self, query: WeightedQuery, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
-        per_shard = ray.get([a.contributions.remote(query, doc_ids) for a in self.actors])
+        per_shard = ray.get([a.contributions.remote(query, doc_ids, self.version) for a in self.actors])
         return {d: terms for shard in per_shard for d, terms in shard.items()}
 
 
@@ -84,3 +110,13 @@ def start_shard_actors(warehouse: str, manifest: dict) -> list:
     actors = [ShardActor.remote(warehouse, manifest, s) for s in range(manifest["num_shards"])]
     ray.get([a.num_docs.remote() for a in actors])  # fail here, not at the first query, if a shard is broken
     return actors
+
+
+def load_into(actors: list, manifest: dict) -> None:
+    """Load another version into running actors (one per shard, in shard order); on a failure, the actors that
+    loaded it drop it again and the error is raised."""
+    try:
+        ray.get([a.load.remote(manifest) for a in actors])
+    except Exception:
+        ray.get([a.drop.remote(manifest["index_version"]) for a in actors])
+        raise

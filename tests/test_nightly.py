@@ -209,6 +209,27 @@ def test_a_following_server_switches_versions_under_load_without_errors(tmp_path
                 w.result()
         status, health = call(server.url, "/health")
         assert status == 200 and health["index_version"] == v2 and health["shards"] == 3 and health["switches"] == 1
+        # A version with as many shards is loaded into the running actors (no process starts), which then drop v2.
+        import ray
+
+        running = list(service.actors)
+        ingest_job.run(ingest_job.IngestConfig(source=snapshot(tmp_path / "c.jsonl", NIGHT_2[:-1]), warehouse=wh))
+        v3 = index_job.run(index_job.IndexConfig(warehouse=wh, shards=3), spark=spark)["index_version"]
+        deadline = time.monotonic() + 120
+        while service.manifest["index_version"] != v3:
+            assert time.monotonic() < deadline, "the server did not follow the published version"
+            threading.Event().wait(0.05)
+        assert service.actors == running and service.switches[-1] == {**service.switches[-1], "from": v2, "to": v3}
+        status, body = call(server.url, "/search", {"query": queries[0], "k": 5})
+        assert status == 200 and body["index_version"] == v3
+        assert [h["doc_id"] for h in body["hits"]] == [h.doc_id for h in load_searcher(wh, v3)[0].search(queries[0], k=5)]
+        while True:  # dropped once the searches on v2 have drained
+            try:
+                ray.get(running[0].num_docs.remote(v2), timeout=30)
+            except ray.exceptions.RayTaskError:
+                break
+            assert time.monotonic() < deadline, "the actors kept the old version"
+            threading.Event().wait(0.05)
     finally:
         stop.set()
         server.stop()
@@ -223,7 +244,5 @@ def test_a_following_server_switches_versions_under_load_without_errors(tmp_path
     seen = [version for _, _, version, _ in valid]
     assert {v1, v2} <= set(seen) and seen.index(v2) > 0
     assert "d13" in expected[v2]["zebrafish regenerate heart"] and "d13" not in expected[v1]["zebrafish regenerate heart"]
-    import ray
-
     with pytest.raises(ray.exceptions.RayActorError):  # the old version's actors were stopped after the drain
         ray.get(old_actors[0].num_docs.remote(), timeout=30)
