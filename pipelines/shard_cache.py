@@ -118,6 +118,10 @@ def cached_shard(warehouse: str, manifest: dict, shard: int, load: Callable[[str
     if write_behind is not None:
         def write() -> None:
             try:
+                try:  # lowest priority (Linux sets it per thread): the write must not slow shards still assembling
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                except OSError:
+                    pass
                 with _locked(lock):
                     if not folder.exists():
                         write_shard(folder, index, fingerprint, extra)
