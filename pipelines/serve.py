@@ -228,9 +228,9 @@ class SearchService:
         if old.proposer is not None:
             await old.proposer.close()
         if old.owns_actors:
-            kept = {id(a) for a in self.current.actors}
+            reused = old.actors is self.current.actors  # they serve the new version too: they drop the old one only
             for actor in old.actors:
-                if id(actor) in kept:  # the actor now serves the new version: it drops the old one only
+                if reused:
                     actor.drop.remote(old.manifest["index_version"])
                 else:
                     ray.kill(actor)

@@ -208,32 +208,11 @@ def cached_segments(warehouse: str, table_id: str, segments: list[int], shard: i
                     ) -> list[SegmentShard]:
     """Shard `shard`'s part of each of `segments`, memory-mapped from the cache; the segments it lacks are read
     together by `read(missing)` (from Delta) and cached first."""
-    folder = Path(root or cache_root()) / warehouse_key(warehouse) / "segments" / table_id
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def path(segment: int) -> Path:
-        return folder / f"seg-{segment}-shard-{shard}.f{FORMAT_VERSION}"
-
-    def identity(segment: int) -> dict:
-        return {"table_id": table_id, "segment": segment, "shard": shard}
-
-    with _locked(folder / f"shard-{shard}.lock"):
-        found = {}
-        for segment in segments:
-            if path(segment).exists():
-                try:
-                    found[segment] = SegmentShard.from_arrays(segment, shard, open_folder(path(segment),
-                                                                                          identity(segment)))
-                except (CacheCorrupt, KeyError, ValueError) as exc:
-                    log.warning("reading segment %s shard %s again: %s", segment, shard, exc)
-                    _remove(path(segment))
-        missing = [s for s in segments if s not in found]
-        if missing:
-            for segment, part in read(missing).items():
-                write_folder(path(segment), part.arrays(), identity(segment))
-                found[segment] = SegmentShard.from_arrays(segment, shard, open_folder(path(segment),
-                                                                                      identity(segment), False))
-    return [found[s] for s in segments]
+    return _cached_entries(
+        Path(root or cache_root()) / warehouse_key(warehouse) / "segments" / table_id, f"shard-{shard}.lock",
+        segments, lambda segment: f"seg-{segment}-shard-{shard}",
+        lambda segment: {"table_id": table_id, "segment": segment, "shard": shard}, read, SegmentShard.arrays,
+        lambda segment, arrays: SegmentShard.from_arrays(segment, shard, arrays))
 
 
 def cached_term_stats(warehouse: str, table_id: str, versions: list[int],
@@ -241,32 +220,39 @@ def cached_term_stats(warehouse: str, table_id: str, versions: list[int],
                       root: Path | str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """(term ids ascending, df_enriched) of the term_stats rows of each of `versions`, memory-mapped from the cache;
     the versions it lacks are read together by `read(missing)` and cached first."""
-    folder = Path(root or cache_root()) / warehouse_key(warehouse) / "term-stats" / table_id
+    return _cached_entries(
+        Path(root or cache_root()) / warehouse_key(warehouse) / "term-stats" / table_id, "term-stats.lock",
+        versions, lambda version: f"v{version}", lambda version: {"table_id": table_id, "version": version}, read,
+        lambda stats: {"term_ids": stats[0], "df_enriched": stats[1]},
+        lambda version, arrays: (arrays["term_ids"], arrays["df_enriched"]))
+
+
+def _cached_entries(folder: Path, lock_name: str, numbers: list[int], name: Callable[[int], str],
+                    identity: Callable[[int], dict], read: Callable[[list[int]], dict], to_arrays: Callable,
+                    from_arrays: Callable[[int, dict], object]) -> list:
+    """Each of `numbers`' entry under `folder` (`name(n)`.f<FORMAT_VERSION>, its marker holding `identity(n)`),
+    memory-mapped; one that fails its checks is removed and read again with the missing ones, in one call of
+    `read(missing)`, then written (`to_arrays`) before it is returned (`from_arrays`). One process at a time."""
     folder.mkdir(parents=True, exist_ok=True)
 
-    def path(version: int) -> Path:
-        return folder / f"v{version}.f{FORMAT_VERSION}"
+    def path(n: int) -> Path:
+        return folder / f"{name(n)}.f{FORMAT_VERSION}"
 
-    def identity(version: int) -> dict:
-        return {"table_id": table_id, "version": version}
-
-    with _locked(folder / "term-stats.lock"):
+    with _locked(folder / lock_name):
         found = {}
-        for version in versions:
-            if path(version).exists():
+        for n in numbers:
+            if path(n).exists():
                 try:
-                    a = open_folder(path(version), identity(version))
-                    found[version] = (a["term_ids"], a["df_enriched"])
-                except (CacheCorrupt, KeyError) as exc:
-                    log.warning("reading term statistics v%s again: %s", version, exc)
-                    _remove(path(version))
-        missing = [v for v in versions if v not in found]
+                    found[n] = from_arrays(n, open_folder(path(n), identity(n)))
+                except (CacheCorrupt, KeyError, ValueError) as exc:
+                    log.warning("reading %s again: %s", path(n), exc)
+                    _remove(path(n))
+        missing = [n for n in numbers if n not in found]
         if missing:
-            for version, (ids, dfs) in read(missing).items():
-                write_folder(path(version), {"term_ids": ids, "df_enriched": dfs}, identity(version))
-                a = open_folder(path(version), identity(version), False)
-                found[version] = (a["term_ids"], a["df_enriched"])
-    return [found[v] for v in versions]
+            for n, entry in read(missing).items():
+                write_folder(path(n), to_arrays(entry), identity(n))
+                found[n] = from_arrays(n, open_folder(path(n), identity(n), verify=False))  # just checksummed
+    return [found[n] for n in numbers]
 
 
 def _crc32(path: Path) -> int:

@@ -229,12 +229,25 @@ def _rows_by_term(big: np.ndarray, others: Sequence[np.ndarray]) -> tuple[np.nda
     return seq_rows, seq_terms
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_length(r, n_big, big_indptr, small_indptr):
+    """Postings of merged row r: the big part's row r, or the others' row r - n_big."""
+    return big_indptr[r + 1] - big_indptr[r] if r < n_big else small_indptr[r - n_big + 1] - small_indptr[r - n_big]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _impact(w, tf, k1_plus_1, norm_d):
+    """bm25._impacts' operations in its order: the same bits as a full build's impact."""
+    tf = np.float64(tf)
+    return w * (tf * k1_plus_1 / (tf + norm_d))
+
+
 @numba.njit(cache=True, nogil=True)
 def _merge_postings(seq_rows, term_rows, union, big_indptr, big_ords, big_tfs, big_remap, small_indptr, small_ords,
                     small_tfs, n_big, term_idf, norm, k1_plus_1, out_terms, out_indptr, out_term_max, out_ords,
                     out_impacts):
-    """One pass: each term's (union[t]) live postings of all its rows (seq_rows[term_rows[t]:term_rows[t + 1]]; rows below n_big
-    are the big part's, read through its ordinal map) merged in ordinal order with their impacts (the operations of
+    """One pass: each term's (union[t]) live postings of all its rows (seq_rows[term_rows[t]:term_rows[t + 1]];
+    rows below n_big are the big part's, read through its ordinal map) merged in ordinal order with their impacts (the operations of
     bm25._impacts, so the same bits as a full build's) and each term's largest impact. A term's rows go shortest
     first into its growing list, so the longest is passed over once; a term left without a live posting is
     dropped. Returns (terms written, the index of a term with live postings but no DF (NaN idf), or -1)."""
@@ -242,9 +255,7 @@ def _merge_postings(seq_rows, term_rows, union, big_indptr, big_ords, big_tfs, b
     for t in range(len(term_rows) - 1):
         n = 0
         for i in range(term_rows[t], term_rows[t + 1]):
-            r = seq_rows[i]
-            n += big_indptr[r + 1] - big_indptr[r] if r < n_big else \
-                small_indptr[r - n_big + 1] - small_indptr[r - n_big]
+            n += _row_length(seq_rows[i], n_big, big_indptr, small_indptr)
         longest = max(longest, n)
     buf_ords = np.empty(longest, np.int32)
     buf_imps = np.empty(longest, out_impacts.dtype)
@@ -259,8 +270,7 @@ def _merge_postings(seq_rows, term_rows, union, big_indptr, big_ords, big_tfs, b
         k = term_rows[t + 1] - term_rows[t]
         for j in range(k):  # insertion sort by length: a term has at most one row per part
             r = seq_rows[term_rows[t] + j]
-            n = big_indptr[r + 1] - big_indptr[r] if r < n_big else \
-                small_indptr[r - n_big + 1] - small_indptr[r - n_big]
+            n = _row_length(r, n_big, big_indptr, small_indptr)
             q = j
             while q > 0 and lengths[q - 1] > n:
                 lengths[q], order[q] = lengths[q - 1], order[q - 1]
@@ -283,16 +293,14 @@ def _merge_postings(seq_rows, term_rows, union, big_indptr, big_ords, big_tfs, b
                     for q in range(p, end):
                         d = big_remap[big_ords[q]]
                         if d >= 0:
-                            tf = np.float64(big_tfs[q])
                             out_ords[x] = d
-                            out_impacts[x] = w * (tf * k1_plus_1 / (tf + norm[d]))
+                            out_impacts[x] = _impact(w, big_tfs[q], k1_plus_1, norm[d])
                             x += 1
                 else:
                     for q in range(p, end):
                         d = small_ords[q]
-                        tf = np.float64(small_tfs[q])
                         out_ords[x] = d
-                        out_impacts[x] = w * (tf * k1_plus_1 / (tf + norm[d]))
+                        out_impacts[x] = _impact(w, small_tfs[q], k1_plus_1, norm[d])
                         x += 1
                 o = x
                 continue
@@ -308,9 +316,8 @@ def _merge_postings(seq_rows, term_rows, union, big_indptr, big_ords, big_tfs, b
                     out_impacts[x] = buf_imps[a]
                     a += 1
                 else:
-                    tf = np.float64(big_tfs[p] if is_big else small_tfs[p])
                     out_ords[x] = d
-                    out_impacts[x] = w * (tf * k1_plus_1 / (tf + norm[d]))
+                    out_impacts[x] = _impact(w, big_tfs[p] if is_big else small_tfs[p], k1_plus_1, norm[d])
                     p += 1
                     while p < end:
                         d = big_remap[big_ords[p]] if is_big else small_ords[p]
