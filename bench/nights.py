@@ -30,7 +30,8 @@ enrichment costs the pipeline, not a model; `--backend openai --model instant --
    bench/scale.py's night makes. When K >= 3, night 2 changes nothing (it reads night 1's snapshot again) and night
    3 changes 5% of the documents; the others `--changed-fraction`. Per night: seconds per step (the nightly's
    step_seconds), seconds and fraction of the full build, the version's segments and tombstones, whether the build
-   compacted (SegmentPolicy wrote one segment: segments == [index_version]), follow_seconds (publish time to the
+   compacted (SegmentPolicy wrote one segment: segments == [index_version]) or merged small segments into its new
+   one (`merged_segments`: the previous version's segments it lacks), follow_seconds (publish time to the
    first successful response answered by that version or a newer one) and the failed requests (non-200 or no
    answer) from the night's start to the next night's start.
 4. After the last night (and once serve answers from its version, or poll_s + 300 s passed): the last snapshot is
@@ -370,6 +371,7 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
                 snapshot = nxt
             out = logs / f"night-{i:02d}.json"
             before = set(publications.seen)
+            before_v = max((u for u in before if publications.seen[u]["enriched"]), default=None)
             run = run_job(nightly_args(wh, snapshot, base_url, work, out), logs / f"night-{i:02d}.log",
                           timeout=args.job_timeout)
             summary = json.loads(out.read_text())
@@ -388,6 +390,9 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
                 "index_version": v, "new_version": new, "segments": len(pub.get("segments", [])),
                 "segment_list": pub.get("segments"), "num_tombstones": pub.get("num_tombstones"),
                 "compacted": new and pub.get("segments") == [v],
+                # segments of the version before that this one lacks: merged into its new segment (or compacted)
+                "merged_segments": sorted(set(publications.seen.get(before_v, {}).get("segments") or [])
+                                          - set(pub.get("segments") or [])) if new else [],
                 "published_at_s": round(pub["seen_at"] - t0, 2) if new and pub else None,
                 "expired_versions": summary["expired_versions"],
                 **{k: run[k] for k in run if k.startswith("peak_rss_tree")},
@@ -396,7 +401,9 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
             log(f"night {i}/{first_night + args.nights - 1}: {fraction:.0%} changed, {n['seconds']:.1f} s "
                 f"({n['fraction_of_full_build']:.1%} of the full build), v{v} "
                 f"{'new' if new else 'unchanged'}, {n['segments']} segments, {n['num_tombstones']} tombstones"
-                f"{', compacted' if n['compacted'] else ''}; steps {n['step_seconds']}")
+                f"{', compacted' if n['compacted'] else ''}"
+                f"{', merged ' + str(n['merged_segments']) if n['merged_segments'] and not n['compacted'] else ''}"
+                f"; steps {n['step_seconds']}")
         # Let serve follow the last published version before the requests stop.
         last = max((n for n in nights if n["new_version"]), key=lambda n: n["index_version"], default=None)
         if last:
@@ -443,6 +450,42 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
     return nights, serving
 
 
+def against_fresh_build(args, work: Path, wh: Path, last_snapshot: Path, server) -> tuple[dict, dict, dict]:
+    """The last snapshot built fresh in full, rankings and query speed compared with the nights' index, and the
+    nights' index loaded cold (no shard cache)."""
+    logs, fresh_wh = work / "logs", work / "wh-fresh"
+    log(f"fresh full build of the last snapshot ({last_snapshot.name})")
+    fresh = full_build(args.full_build, last_snapshot, fresh_wh, server.base_url, work, "fresh", args.job_timeout)
+    log("comparing rankings and query speed")
+    compare = worker_json(["bench.nights", "--compare", str(wh), str(fresh_wh)], logs / "compare.log",
+                          args.job_timeout)
+    with tempfile.TemporaryDirectory(prefix="shard-cache-", dir=work) as cache:
+        cold = worker_json(["bench.scale", "--load", str(wh)], logs / "cold-load.log", args.job_timeout,
+                           env={"SIRA_SHARD_CACHE": cache})
+    log(f"rankings equal: {compare['rankings_equal']}; q/s nights/fresh "
+        f"{compare['qps_nights'] / compare['qps_fresh']:.3f}; cold load {cold['seconds']:.1f} s")
+    return fresh, compare, cold
+
+
+def chain_of(results: Path) -> list[dict]:
+    """The nights of `results` and of the runs it continued, oldest first, each with the commit it ran at."""
+    run = json.loads(results.read_text())
+    earlier = chain_of(Path(run["continued_from"])) if run.get("continued_from") else []
+    return earlier + [{**n, "git_commit": run["git_commit"]} for n in run["nights"]]
+
+
+def chain_summary(nights: list[dict]) -> dict:
+    """The month's figures over every night of a chain of continued runs."""
+    fractions = [x["fraction_of_full_build"] for x in nights]
+    follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
+    return {"nights": len(nights), "night_fraction_mean": round(statistics.mean(fractions), 4),
+            "night_fraction_max": max(fractions), "follow_seconds_max": max(follows, default=None),
+            "failed_requests": sum(x["failed_requests"] for x in nights),
+            "compactions": sum(bool(x["compacted"]) for x in nights),
+            "merges": sum(bool(x.get("merged_segments")) and not x["compacted"] for x in nights),
+            "commits": sorted({x["git_commit"][:7] for x in nights})}
+
+
 def measure(args) -> dict:
     t0 = time.time()
     work = args.work_dir
@@ -456,24 +499,14 @@ def measure(args) -> dict:
     for old in work.glob("snapshot-*.parquet"):  # a night's snapshot depends on the one before
         old.unlink()
     (work / "mlflow.db").unlink(missing_ok=True)
-    wh, fresh_wh = work / "wh-nights", work / "wh-fresh"
+    wh = work / "wh-nights"
     with instant_openai.start(max_seconds=(2 * args.nights + 8) * args.job_timeout) as server:
         log(f"instant OpenAI server at {server.base_url}; full enriched build")
         full = full_build(args.full_build, corpus, wh, server.base_url, work, "full", args.job_timeout)
         nights, serving = run_nights(args, work, logs, corpus, wh, server.base_url, full["seconds"], t0)
         last_snapshot = Path(nights[-1]["snapshot"]) if nights else corpus
-        log(f"fresh full build of the last snapshot ({last_snapshot.name})")
-        fresh = full_build(args.full_build, last_snapshot, fresh_wh, server.base_url, work, "fresh",
-                           args.job_timeout)
+        fresh, compare, cold = against_fresh_build(args, work, wh, last_snapshot, server)
         instant_stats = server.stop()
-    log("comparing rankings and query speed")
-    compare = worker_json(["bench.nights", "--compare", str(wh), str(fresh_wh)], logs / "compare.log",
-                          args.job_timeout)
-    with tempfile.TemporaryDirectory(prefix="shard-cache-", dir=work) as cache:
-        cold = worker_json(["bench.scale", "--load", str(wh)], logs / "cold-load.log", args.job_timeout,
-                           env={"SIRA_SHARD_CACHE": cache})
-    log(f"rankings equal: {compare['rankings_equal']}; q/s nights/fresh "
-        f"{compare['qps_nights'] / compare['qps_fresh']:.3f}; cold load {cold['seconds']:.1f} s")
     fractions = [x["fraction_of_full_build"] for x in nights]
     follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
     unfollowed = [x["index_version"] for x in nights if x["new_version"] and x["follow_seconds"] is None]
@@ -516,23 +549,33 @@ def measure_more_nights(args) -> dict:
     logs = work / "logs"
     snapshot = Path(earlier["nights"][-1]["snapshot"])
     first = earlier["nights"][-1]["night"] + 1
-    with instant_openai.start(max_seconds=(args.nights + 2) * args.job_timeout) as server:
+    fresh = compare = cold = None
+    with instant_openai.start(max_seconds=(args.nights + 4) * args.job_timeout) as server:
         nights, serving = run_nights(args, work, logs, snapshot, work / "wh-nights", server.base_url,
                                      earlier["full_build_seconds"], t0, first_night=first)
+        if args.compare_after:
+            fresh, compare, cold = against_fresh_build(args, work, work / "wh-nights", Path(nights[-1]["snapshot"]),
+                                                       server)
         instant_stats = server.stop()
     fractions = [x["fraction_of_full_build"] for x in nights]
     follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
+    commit = git_commit()
     return {
         "docs": earlier["docs"], "nights": nights, "continued_from": str(args.continue_from),
         "night_fraction_mean": round(statistics.mean(fractions), 4) if fractions else None,
         "night_fraction_max": max(fractions, default=None),
         "follow_seconds_max": max(follows, default=None),
         "failed_requests": serving["failed_requests"],
-        "rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None, "cold_load_seconds": None,
+        "rankings_equal_full_rebuild": compare and compare["rankings_equal"],
+        "query_speed_after_nights_vs_fresh": compare and round(compare["qps_nights"] / compare["qps_fresh"], 4),
+        "cold_load_seconds": cold and round(cold["seconds"], 3),
         "full_build_seconds": earlier["full_build_seconds"], "changed_fraction": args.changed_fraction,
         "cores": os.cpu_count(), "command": "python bench/nights.py " + " ".join(sys.argv[1:]),
-        "git_commit": git_commit(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit, "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.time() - t0, 1), "serving": serving, "instant_server": instant_stats,
+        "fresh_build": fresh, "compare": compare, "cold_load": cold,
+        # Every night since the full build, this run's and those of the runs it continued.
+        "chain": chain_summary(chain_of(args.continue_from) + [{**n, "git_commit": commit} for n in nights]),
     }
 
 
@@ -549,6 +592,9 @@ def parse_args(argv=None):
     ap.add_argument("--job-timeout", type=float, default=4 * 3600, help="seconds any one job may run")
     ap.add_argument("--output-json", type=Path)
     ap.add_argument("--continue-from", type=Path, help="an earlier run's results JSON: K more nights on its warehouse")
+    ap.add_argument("--compare-after", action="store_true",
+                    help="with --continue-from: after the nights, build the last snapshot fresh and compare rankings, "
+                         "query speed and the cold load (as a whole run does)")
     ap.add_argument("--compare", nargs=2, help=argparse.SUPPRESS)  # worker mode
     return ap.parse_args(argv)
 

@@ -20,7 +20,10 @@ class IndexConfig(DFFilterParams, IndexBuildParams):
     enrichment_prompt_version: str | None = None
     full: bool = Field(False, description="one segment with every document (from the kept analysis) instead of a "
                                           "new segment on top of the newest version of the same kind")
-    max_segments: int = Field(16, ge=1, description="a build that would leave more segments is a full one")
+    max_segments: int = Field(16, ge=1, description="a build that would leave more segments merges the small ones "
+                                                    "into its new segment, or is a full one")
+    merge_below_fraction: float = Field(0.1, ge=0, le=1, description="... small: fewer live documents than this "
+                                                                     "share of the version's")
     max_dead_fraction: float = Field(0.25, ge=0, le=1, description="... or more tombstoned documents than this "
                                                                    "share of the documents in its segments")
     max_term_stats_versions: int = Field(8, ge=1, description="an incremental build writes only the term statistics "
@@ -36,6 +39,8 @@ def run(cfg: IndexConfig, spark=None) -> dict:
     if use_enrichment is None:
         use_enrichment = table_exists(tables.table_uri(cfg.warehouse, tables.ENRICHMENT))
     choice = EnrichmentChoice(cfg.tau, cfg.enrichment_model, cfg.enrichment_prompt_version) if use_enrichment else None
-    policy = SegmentPolicy(cfg.max_segments, cfg.max_dead_fraction, cfg.max_term_stats_versions)
+    policy = SegmentPolicy(max_segments=cfg.max_segments, max_dead_fraction=cfg.max_dead_fraction,
+                           merge_below_fraction=cfg.merge_below_fraction,
+                           max_term_stats_versions=cfg.max_term_stats_versions)
     return build_in_session(cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, choice, cfg.full, policy,
                             console.log, spark)

@@ -68,8 +68,10 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
 
 
 def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> dict:
+    from pyspark.sql import SparkSession
+
     from sira.pipelines.retention import expire_versions
-    from sira.pipelines.spark_session import stop_started
+    from sira.pipelines.spark_session import start_in_background, stop_started
 
     tracker = Tracker(cfg.tracking, defer=True)  # MLflow loads once ingest is done (below)
     started = time.perf_counter()
@@ -107,16 +109,23 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
             stop_started(session)  # its JVM's memory goes back before the enrichment's workers start
         enrich = {"enriched": 0, "errors": 0}
         if cfg.enrichment:
-            enrich = step("enrich", lambda: enrich_job.run(EnrichConfig(
-                warehouse=cfg.warehouse, backend=cfg.backend, task=cfg.task, preset=cfg.preset,
-                commit_every=cfg.commit_every, ray_address=cfg.ray_address)),
-                lambda s: {k: s[k] for k in ("documents", "enriched", "skipped", "errors", "input_tokens",
-                                             "output_tokens", "docs_per_second")})
-            log_failures(enrich, console.log, "the next night")
-            manifest = step("index (enriched)", lambda: fresh_or_build(
-                cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, docs_version, cfg.tau, enrich["model"],
-                enrich["prompt_version"], log=console.log),
-                            lambda m: {"index_version": m["index_version"], "num_docs": m["num_docs"]})
+            # A model behind a server (openai, vllm) leaves these cores to the enriched index step's Spark session,
+            # which starts beside the enrichment; a local model's computes here, and its index starts after.
+            later = start_in_background(cfg.spark_master, "sira-index") \
+                if cfg.backend.backend in ("openai", "vllm") and SparkSession.getActiveSession() is None else None
+            try:
+                enrich = step("enrich", lambda: enrich_job.run(EnrichConfig(
+                    warehouse=cfg.warehouse, backend=cfg.backend, task=cfg.task, preset=cfg.preset,
+                    commit_every=cfg.commit_every, ray_address=cfg.ray_address)),
+                    lambda s: {k: s[k] for k in ("documents", "enriched", "skipped", "errors", "input_tokens",
+                                                 "output_tokens", "docs_per_second")})
+                log_failures(enrich, console.log, "the next night")
+                manifest = step("index (enriched)", lambda: fresh_or_build(
+                    cfg.warehouse, cfg.preset, cfg.shards, cfg.spark_master, docs_version, cfg.tau, enrich["model"],
+                    enrich["prompt_version"], log=console.log, spark=later.result() if later is not None else None),
+                                lambda m: {"index_version": m["index_version"], "num_docs": m["num_docs"]})
+            finally:
+                stop_started(later)
         retention = step("retention", lambda: expire_versions(cfg.warehouse, cfg.keep_days),
                          lambda r: {"expired": len(r["expired_versions"]), "kept": len(r["kept_versions"]),
                                     "vacuumed_files": r["vacuumed_files"]})

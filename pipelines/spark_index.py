@@ -19,8 +19,11 @@ tombstones and injections, publish):
    came, enrichment rows that came or went, a candidate term that crossed the DF limit. The decisions are kept
    with the segment their document enters (`segment_injections`).
 5. `plan_segments`: against the base (the newest published version of the same kind), the documents that leave
-   (tombstones) and those that enter a new segment. A full build (one segment with every document, from the
-   kept analysis) when there is no base, when asked, or when the base has too many segments or dead documents.
+   (tombstones) and those that enter a new segment. A build that would leave more than SegmentPolicy.max_segments
+   segments merges the small ones into its new segment: their live documents enter it as they are (analysis,
+   injections and decisions carried, no statistic moves) and those segments leave the version, as Lucene's
+   tiered merges do. A full build (one segment with every document, from the kept analysis) when there is no
+   base, when asked, or when no merge brings the segments or the dead documents within the policy.
 6. `write_segment`: doc ordinals (doc-id order per shard), `segment_docs`, and postings inverted per block of
    POSTINGS_BLOCK_DOCS ordinals in Python (applyInArrow): no row, task or Python call holds a posting list
    longer than a block, however common the term.
@@ -321,6 +324,9 @@ class SegmentPolicy:
 
     max_segments: int = 16
     max_dead_fraction: float = 0.25  # tombstoned documents / documents in the version's segments
+    # Past max_segments, the base's segments holding fewer live documents than this share of the version's merge
+    # into the new segment (a night's segments, not the big one a full build wrote).
+    merge_below_fraction: float = 0.1
     # A version's term_stats: some version's whole statistics and at most this many - 1 builds' changes (readers sum
     # them, sira.core.tables.TERM_STATS_SCHEMA); past that a build writes its statistics whole.
     max_term_stats_versions: int = 8
@@ -443,14 +449,17 @@ def build_index(
             plan = plan_segments(b, desired_documents(current, per_doc), None, policy)
         elif moves is not None:
             injections, enrichment_info = moves.injections, {**moves.info, **_moved_counts(base, plan)}
+            if plan.carried is not None:  # the merged documents' decisions go with them
+                names = tables.SEGMENT_INJECTIONS_SCHEMA.names[1:]
+                injections = injections.select(*names).unionByName(carried_decisions(b, plan).select(*names))
+        rows, n_rows = plan.written()
         if injections is not None and plan.base is not None and moves is None:
             # Decided for every document: the new segment keeps those of the documents it holds.
-            injections = injections.join(_small(plan.entering.select("doc_id"), plan.entering_rows), "doc_id",
-                                         "left_semi")
+            injections = injections.join(_small(rows.select("doc_id"), n_rows), "doc_id", "left_semi")
         # A plain full build whose kept analyses are exactly the current documents' reads them without a join.
         whole = plan.base is None and enrichment is None and stale == 0
         with b.step("segment"):
-            seg = write_segment(b, plan.entering, plan.entering_rows, whole)
+            seg = write_segment(b, rows, n_rows, whole)
         with b.step("term statistics"):
             stats = term_statistics(b, plan, seg, orig_df, orig_delta, policy.max_term_stats_versions)
         with b.step("tombstones and injections"):
@@ -1106,6 +1115,14 @@ def base_df_of(b: Build, base: dict, terms: DataFrame, rows: int) -> DataFrame:
             .groupBy("term_id").agg(F.sum("df").cast("long").alias("df")))
 
 
+def carried_decisions(b: Build, plan: SegmentPlan) -> DataFrame:
+    """The segment_injections rows (less `segment`) of the documents a merge carries, from the segments they were
+    live in."""
+    rows = b.read(tables.SEGMENT_INJECTIONS).where(F.col("segment").isin(plan.merged))
+    return rows.join(_small(plan.carried.select("segment", "doc_id"), plan.carried_rows), ["segment", "doc_id"],
+                     "left_semi").drop("segment")
+
+
 def _moved_counts(base: dict, plan: SegmentPlan) -> dict:
     """The version's phrase counts: the base's, less those of the documents that left, plus those that entered."""
     def sums(df: DataFrame) -> tuple[int, int]:
@@ -1189,7 +1206,7 @@ def desired_documents(current: DataFrame, per_doc: DataFrame | None) -> DataFram
 
 @dataclass
 class SegmentPlan:
-    entering: DataFrame  # desired rows of the documents the new segment holds
+    entering: DataFrame  # desired rows of the documents the night brings into the new segment
     entering_rows: int | None  # how many, when counted
     leaving: DataFrame | None  # base segment_docs rows of the documents tombstoned now
     base: dict | None
@@ -1197,15 +1214,31 @@ class SegmentPlan:
     tombstones: DataFrame | None  # (segment, shard, doc_ord) of every tombstone of the new version
     num_tombstones: int
     base_version: int | None
+    # The live rows (desired columns and their old `segment`) of the merged segments' documents that stay: they
+    # enter the new segment as they are.
+    carried: DataFrame | None = None
+    carried_rows: int = 0
+    merged: list[int] = field(default_factory=list)
+
+    def written(self) -> tuple[DataFrame, int | None]:
+        """The rows the new segment holds (a `carried` column tells the merged ones) and how many."""
+        if self.carried is None:
+            return self.entering, self.entering_rows
+        cols = ["doc_id", "content_hash", *INJECTED_COLUMNS]
+        rows = self.entering.select(*cols, F.lit(False).alias("carried")).unionByName(
+            self.carried.select(*cols, F.lit(True).alias("carried")))
+        return rows, self.entering_rows + self.carried_rows
 
 
 def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy: SegmentPolicy,
                   moves: InjectionMoves | None = None) -> SegmentPlan:
     """What enters and leaves on top of `base`: what came and went (plain), `moves` (an enriched night's), or every
-    `desired` document that differs from the base's. A full build's plan when the policy says so; its `entering` is
-    None when `desired` is (the caller decides every document's injections first)."""
+    `desired` document that differs from the base's; past the policy's segments, the small segments merged into the
+    new one. A full build's plan when the policy says so; its `entering` is None when `desired` is (the caller
+    decides every document's injections first)."""
     key = ["doc_id", "content_hash", "inject_key", "decisions_key"]
     if base is not None:
+        live = None
         if moves is not None:
             live = b.live if b.live is not None else _read_live_docs(b, base)
             leaving = b.cut(live.join(_small(moves.leaving_ids, moves.leaving_rows), "doc_id", "left_semi"))
@@ -1225,23 +1258,32 @@ def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy
             leaving = b.keep(live.join(desired.select(*key), key, "left_anti"))
             entering = b.keep(desired.join(live.select(*key), key, "left_anti"))
         n_leaving, n_entering = leaving.count(), entering.count()
-        dead = int(base.get("num_tombstones") or 0) + n_leaving
-        in_segments = b.read(tables.SEGMENT_DOCS).where(
-            F.col("segment").isin(list(base["segments"]))).count() + n_entering
+        held, dead = _segment_counts(b, base, leaving)
         segments = list(base["segments"]) + ([b.version] if n_entering else [])
-        if len(segments) <= policy.max_segments and dead <= policy.max_dead_fraction * in_segments:
+        merged = _segments_to_merge(held, dead, n_entering, policy) if len(segments) > policy.max_segments else []
+        kept = [s for s in base["segments"] if s not in merged]
+        n_dead = sum(dead.get(s, 0) for s in kept)
+        n_carried = sum(held[s] - dead.get(s, 0) for s in merged)
+        in_segments = sum(held[s] for s in kept) + n_entering + n_carried
+        segments = kept + ([b.version] if n_entering or n_carried else [])
+        if len(segments) <= policy.max_segments and n_dead <= policy.max_dead_fraction * in_segments:
             b.log(f"incremental on v{base['index_version']}: {n_entering} documents enter segment {b.version}, "
-                  f"{n_leaving} leave; {dead} tombstones in {len(segments)} segments")
+                  f"{n_leaving} leave; {n_dead} tombstones in {len(segments)} segments")
             tombstones = leaving.select("segment", "shard", "doc_ord")
             if base.get("num_tombstones"):
                 old = b.read(tables.TOMBSTONES).where(
                     F.col("index_version") == base["index_version"]).select("segment", "shard", "doc_ord")
                 tombstones = old.unionByName(tombstones)
-            if b.enrichment is not None:
-                _with_unchanged_movers(b, entering, n_entering)
-            return SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, dead, base["index_version"])
+            plan = SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, n_dead,
+                               base["index_version"])
+            if merged:
+                _carry_merged(b, plan, merged, live if live is not None else _read_live_docs(b, base), n_carried)
+            if b.enrichment is not None or merged:
+                rows, n_rows = plan.written()
+                _with_unchanged_movers(b, rows, n_rows)
+            return plan
         b.changed = None  # every document enters the new segment: their analyses come from the whole table
-        b.log(f"full build: v{base['index_version']} would hold {len(segments)} segments and {dead} tombstones "
+        b.log(f"full build: v{base['index_version']} would hold {len(segments)} segments and {n_dead} tombstones "
               f"of {in_segments} documents (policy: at most {policy.max_segments} segments, "
               f"{policy.max_dead_fraction:.0%} tombstoned)")
     else:
@@ -1249,9 +1291,53 @@ def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy
     return SegmentPlan(desired, None, None, None, [b.version], None, 0, None)
 
 
+def _segment_counts(b: Build, base: dict, leaving: DataFrame) -> tuple[dict[int, int], dict[int, int]]:
+    """segment -> documents it holds, and segment -> those of them dead in the new version (the base's tombstones
+    and those leaving now), for the base's segments."""
+    held = {r[0]: r[1] for r in b.read(tables.SEGMENT_DOCS).where(F.col("segment").isin(list(base["segments"])))
+            .groupBy("segment").count().collect()}
+    dead: dict[int, int] = {}
+    sources = [leaving]
+    if base.get("num_tombstones"):
+        sources.append(b.read(tables.TOMBSTONES).where(F.col("index_version") == base["index_version"]))
+    for rows in sources:
+        for segment, n in rows.groupBy("segment").count().collect():
+            dead[segment] = dead.get(segment, 0) + n
+    missing = [s for s in base["segments"] if s not in held]
+    if missing:
+        raise RuntimeError(f"{tables.SEGMENT_DOCS} holds no rows of segments {missing} of index version "
+                           f"{base['index_version']}")
+    return held, dead
+
+
+def _segments_to_merge(held: dict[int, int], dead: dict[int, int], n_entering: int,
+                       policy: SegmentPolicy) -> list[int]:
+    """The base's segments whose live documents are fewer than policy.merge_below_fraction of the new version's."""
+    live = {s: n - dead.get(s, 0) for s, n in held.items()}
+    limit = policy.merge_below_fraction * (sum(live.values()) + n_entering)
+    return sorted(s for s, n in live.items() if n < limit)
+
+
+def _carry_merged(b: Build, plan: SegmentPlan, merged: list[int], live: DataFrame, rows: int) -> None:
+    """Put the merged segments' documents that stay into `plan.carried`, and drop those segments' tombstones."""
+    place = ["segment", "shard", "doc_ord"]
+    stay = live.where(F.col("segment").isin(merged)).join(plan.leaving.select(*place), place, "left_anti")
+    plan.carried = b.cut(stay)  # cut, not kept: writing segment_docs would drop a kept frame that reads it
+    plan.carried_rows = plan.carried.count()
+    if plan.carried_rows != rows:
+        raise RuntimeError(f"segments {merged} hold {plan.carried_rows} live documents, not the {rows} their "
+                           f"{tables.SEGMENT_DOCS} rows and tombstones count")
+    plan.merged = merged
+    plan.tombstones = plan.tombstones.where(~F.col("segment").isin(merged))
+    b.log(f"merge: segments {merged} merge into segment {b.version} with their {rows} live documents")
+
+
 def _with_unchanged_movers(b: Build, entering: DataFrame, rows: int) -> None:
     """Add to `b.changed` (sign 0) the kept analyses of the documents that enter the new segment with the content
-    they had: their injections changed. Read only when there are such documents."""
+    they had: their injections changed, or their segment merges into the new one. Read only when there are such
+    documents."""
+    if b.changed is None:  # the analyses come from the whole table
+        return
     key = ["doc_id", "content_hash"]
     came = b.changed.where("sign = 1").select(*key)
     unchanged = b.cut(_small(entering.select(*key), rows).join(came, key, "left_anti"))
@@ -1261,7 +1347,7 @@ def _with_unchanged_movers(b: Build, entering: DataFrame, rows: int) -> None:
                                  b.cut(_small(unchanged, n).join(_analyses(b), key)))
         b.changed = b.changed.unionByName(kept.withColumn("sign", F.lit(0)))
         b.changed_rows += n
-    b.log(f"injections: {n} documents enter again with the same content and other injections")
+    b.log(f"segment: {n} documents enter it with the content they had (other injections, or merged)")
 
 
 def write_segment(b: Build, entering: DataFrame, rows: int | None, whole_analysis: bool = False) -> dict:
@@ -1322,6 +1408,8 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
     its term_stats_versions."""
     dictionary = b.read(tables.TERM_DICTIONARY)
     entering = seg["seg"]
+    if "carried" in entering.columns:  # merged documents stay with the statistics they have
+        entering = entering.where(~F.col("carried"))
     if plan.base is None:
         postings = b.read(tables.SEGMENT_POSTINGS, seg["segment_postings_table_version"]).where(
             F.col("segment") == b.version)

@@ -244,6 +244,51 @@ def test_term_statistics_chain_over_nights_and_are_written_whole_past_the_limit(
     assert_same_index(wh, reference, enriched=False)
 
 
+def test_past_the_segment_limit_a_night_merges_the_small_segments_into_its_own(nights, tmp_path, spark):
+    """At most 2 segments: night 2 merges the midnight segment (d13 still live in it) into its new segment instead
+    of rebuilding in full; the merged segment leaves the version with its tombstones, its document keeps its
+    analysis, injections and decisions, and the index equals a rebuild's. Night 3 (3 allowed) then deletes d13
+    from the merged segment."""
+    _, reference, _, _ = nights
+    wh, again = str(tmp_path / "wh"), str(tmp_path / "again")
+    ingest(wh, TINY_DOCS, tmp_path)
+    enrich(wh)
+    rows = {"plain": [build(wh, spark, enrichment=False)], "enriched": [build(wh, spark, enrichment=True, tau=TAU)]}
+    for night, limit in ((MIDNIGHT, 2), (NIGHT_2, 2), (NIGHT_3, 3)):
+        ingest(wh, night, tmp_path, mode="merge")
+        enrich(wh)
+        policy = {"max_segments": limit, "merge_below_fraction": 0.5, "max_dead_fraction": 0.5}
+        rows["plain"].append(build(wh, spark, enrichment=False, **policy))
+        rows["enriched"].append(build(wh, spark, enrichment=True, tau=TAU, **policy))
+        if night is NIGHT_2:
+            assert_same_index(wh, reference, enriched=False)
+            assert_same_index(wh, reference, enriched=True)
+    for kind, (full, midnight, merged, third) in rows.items():
+        assert midnight["segments"] == [full["index_version"], midnight["index_version"]]
+        # Night 2: the midnight segment merged (not a full build: the base's big segment stays, tombstones and all).
+        assert merged["base_version"] == midnight["index_version"] and merged["changes_from_feed"]
+        assert merged["segments"] == [full["index_version"], merged["index_version"]]
+        held = read_table(f"{wh}/segment_docs", filters=[("segment", "=", merged["index_version"])])
+        assert "d13" in held["doc_id"].to_pylist()
+        dead = read_table(f"{wh}/tombstones", filters=[("index_version", "=", merged["index_version"])])
+        assert set(dead["segment"].to_pylist()) == {full["index_version"]}
+        # Night 3: d13 leaves the merged segment, a tombstone there (and only the enriched night has documents
+        # entering: d12's decision moves back).
+        assert third["base_version"] == merged["index_version"]
+        assert third["segments"] == [full["index_version"], merged["index_version"],
+                                     *([third["index_version"]] if kind == "enriched" else [])]
+        dead = read_table(f"{wh}/tombstones", filters=[("index_version", "=", third["index_version"]),
+                                                       ("segment", "=", merged["index_version"])])
+        where = {(r["shard"], r["doc_ord"]): r["doc_id"] for r in held.to_pylist()}
+        assert "d13" in {where[(r["shard"], r["doc_ord"])] for r in dead.to_pylist()}
+    ingest(again, NIGHT_3, tmp_path)
+    enrich(again)
+    build(again, spark, enrichment=False)
+    build(again, spark, enrichment=True, tau=TAU)
+    assert_same_index(wh, again, enriched=False)
+    assert_same_index(wh, again, enriched=True)
+
+
 def test_a_full_build_on_request_writes_one_segment_with_the_same_index(nights, spark):
     wh, reference, _, _ = nights
     row = build(wh, spark, enrichment=False, full=True)
