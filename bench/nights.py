@@ -467,6 +467,21 @@ def against_fresh_build(args, work: Path, wh: Path, last_snapshot: Path, server)
     return fresh, compare, cold
 
 
+def compared(args, work: Path, wh: Path, last_snapshot: Path, server) -> dict:
+    """`against_fresh_build` as the results' keys; a failure there (a full disk, say) is reported with the nights'
+    figures, which stand without it, instead of losing them."""
+    try:
+        fresh, compare, cold = against_fresh_build(args, work, wh, last_snapshot, server)
+    except Exception as exc:  # noqa: BLE001
+        log(f"the comparison with a fresh build failed: {exc}")
+        return {"rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None,
+                "cold_load_seconds": None, "compare_error": str(exc)[-3000:]}
+    return {"rankings_equal_full_rebuild": compare["rankings_equal"],
+            "query_speed_after_nights_vs_fresh": round(compare["qps_nights"] / compare["qps_fresh"], 4),
+            "cold_load_seconds": round(cold["seconds"], 3), "fresh_build": fresh, "compare": compare,
+            "cold_load": cold}
+
+
 def chain_of(results: Path) -> list[dict]:
     """The nights of `results` and of the runs it continued, oldest first, each with the commit it ran at."""
     run = json.loads(results.read_text())
@@ -505,7 +520,7 @@ def measure(args) -> dict:
         full = full_build(args.full_build, corpus, wh, server.base_url, work, "full", args.job_timeout)
         nights, serving = run_nights(args, work, logs, corpus, wh, server.base_url, full["seconds"], t0)
         last_snapshot = Path(nights[-1]["snapshot"]) if nights else corpus
-        fresh, compare, cold = against_fresh_build(args, work, wh, last_snapshot, server)
+        comparison = compared(args, work, wh, last_snapshot, server)
         instant_stats = server.stop()
     fractions = [x["fraction_of_full_build"] for x in nights]
     follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
@@ -517,9 +532,6 @@ def measure(args) -> dict:
         "night_fraction_max": max(fractions, default=None),
         "follow_seconds_max": max(follows, default=None),
         "failed_requests": serving["failed_requests"],
-        "rankings_equal_full_rebuild": compare["rankings_equal"],
-        "query_speed_after_nights_vs_fresh": round(compare["qps_nights"] / compare["qps_fresh"], 4),
-        "cold_load_seconds": round(cold["seconds"], 3),
         "full_build_seconds": full["seconds"],
         "versions_never_answered": unfollowed,
         "changed_fraction": args.changed_fraction,
@@ -530,11 +542,9 @@ def measure(args) -> dict:
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.time() - t0, 1),
         "full_build": full,
-        "fresh_build": fresh,
         "serving": serving,
-        "compare": compare,
-        "cold_load": cold,
         "instant_server": instant_stats,
+        **comparison,
     }
 
 
@@ -549,13 +559,13 @@ def measure_more_nights(args) -> dict:
     logs = work / "logs"
     snapshot = Path(earlier["nights"][-1]["snapshot"])
     first = earlier["nights"][-1]["night"] + 1
-    fresh = compare = cold = None
+    comparison = {"rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None,
+                  "cold_load_seconds": None}
     with instant_openai.start(max_seconds=(args.nights + 4) * args.job_timeout) as server:
         nights, serving = run_nights(args, work, logs, snapshot, work / "wh-nights", server.base_url,
                                      earlier["full_build_seconds"], t0, first_night=first)
         if args.compare_after:
-            fresh, compare, cold = against_fresh_build(args, work, work / "wh-nights", Path(nights[-1]["snapshot"]),
-                                                       server)
+            comparison = compared(args, work, work / "wh-nights", Path(nights[-1]["snapshot"]), server)
         instant_stats = server.stop()
     fractions = [x["fraction_of_full_build"] for x in nights]
     follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
@@ -566,14 +576,10 @@ def measure_more_nights(args) -> dict:
         "night_fraction_max": max(fractions, default=None),
         "follow_seconds_max": max(follows, default=None),
         "failed_requests": serving["failed_requests"],
-        "rankings_equal_full_rebuild": compare and compare["rankings_equal"],
-        "query_speed_after_nights_vs_fresh": compare and round(compare["qps_nights"] / compare["qps_fresh"], 4),
-        "cold_load_seconds": cold and round(cold["seconds"], 3),
         "full_build_seconds": earlier["full_build_seconds"], "changed_fraction": args.changed_fraction,
         "cores": os.cpu_count(), "command": "python bench/nights.py " + " ".join(sys.argv[1:]),
         "git_commit": commit, "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(time.time() - t0, 1), "serving": serving, "instant_server": instant_stats,
-        "fresh_build": fresh, "compare": compare, "cold_load": cold,
+        "seconds": round(time.time() - t0, 1), "serving": serving, "instant_server": instant_stats, **comparison,
         # Every night since the full build, this run's and those of the runs it continued.
         "chain": chain_summary(chain_of(args.continue_from) + [{**n, "git_commit": commit} for n in nights]),
     }

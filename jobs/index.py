@@ -21,11 +21,11 @@ class IndexConfig(DFFilterParams, IndexBuildParams):
     full: bool = Field(False, description="one segment with every document (from the kept analysis) instead of a "
                                           "new segment on top of the newest version of the same kind")
     max_segments: int = Field(16, ge=1, description="a build that would leave more segments merges the small ones "
-                                                    "into its new segment, or is a full one")
+                                                    "into its new segment")
     merge_below_fraction: float = Field(0.1, ge=0, le=1, description="... small: fewer live documents than this "
                                                                      "share of the version's")
-    max_dead_fraction: float = Field(0.25, ge=0, le=1, description="... or more tombstoned documents than this "
-                                                                   "share of the documents in its segments")
+    max_dead_fraction: float = Field(0.25, ge=0, le=1, description="a build that would leave more tombstoned "
+                                     "documents than this share of those in its segments merges every segment")
     max_term_stats_versions: int = Field(8, ge=1, description="an incremental build writes only the term statistics "
                                          "that changed, as one more version its readers add up, up to this many")
 

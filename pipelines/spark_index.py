@@ -22,8 +22,9 @@ tombstones and injections, publish):
    (tombstones) and those that enter a new segment. A build that would leave more than SegmentPolicy.max_segments
    segments merges the small ones into its new segment: their live documents enter it as they are (analysis,
    injections and decisions carried, no statistic moves) and those segments leave the version, as Lucene's
-   tiered merges do. A full build (one segment with every document, from the kept analysis) when there is no
-   base, when asked, or when no merge brings the segments or the dead documents within the policy.
+   tiered merges do; when that leaves too many dead documents, every segment merges (a compaction that decides
+   nothing again). A full build (one segment with every document, from the kept analysis, every decision made
+   again) when there is no base, or when asked (`--full`).
 6. `write_segment`: doc ordinals (doc-id order per shard), `segment_docs`, and postings inverted per block of
    POSTINGS_BLOCK_DOCS ordinals in Python (applyInArrow): no row, task or Python call holds a posting list
    longer than a block, however common the term.
@@ -320,7 +321,7 @@ class EnrichmentChoice:
 
 @dataclass(frozen=True)
 class SegmentPolicy:
-    """When a build writes one segment with every document instead of a new segment on top of its base."""
+    """How many segments and dead documents a version may hold before a build merges segments into its new one."""
 
     max_segments: int = 16
     max_dead_fraction: float = 0.25  # tombstoned documents / documents in the version's segments
@@ -443,11 +444,7 @@ def build_index(
                     injections, per_doc, enrichment_info = inject_enrichment(b, docs, orig_df, num_docs)
         with b.step("segment plan"):
             plan = plan_segments(b, None if moves else desired_documents(current, per_doc), base, policy, moves)
-        if plan.entering is None:  # the policy's full build after a night's decisions: every document's now
-            with b.step("injections (all)"):
-                injections, per_doc, enrichment_info = inject_enrichment(b, docs, orig_df, num_docs)
-            plan = plan_segments(b, desired_documents(current, per_doc), None, policy)
-        elif moves is not None:
+        if moves is not None:
             injections, enrichment_info = moves.injections, {**moves.info, **_moved_counts(base, plan)}
             if plan.carried is not None:  # the merged documents' decisions go with them
                 names = tables.SEGMENT_INJECTIONS_SCHEMA.names[1:]
@@ -1233,9 +1230,8 @@ class SegmentPlan:
 def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy: SegmentPolicy,
                   moves: InjectionMoves | None = None) -> SegmentPlan:
     """What enters and leaves on top of `base`: what came and went (plain), `moves` (an enriched night's), or every
-    `desired` document that differs from the base's; past the policy's segments, the small segments merged into the
-    new one. A full build's plan when the policy says so; its `entering` is None when `desired` is (the caller
-    decides every document's injections first)."""
+    `desired` document that differs from the base's; past the policy, segments merged into the new one
+    (`_segments_to_merge`). Without a base, a full build's plan: every `desired` document."""
     key = ["doc_id", "content_hash", "inject_key", "decisions_key"]
     if base is not None:
         live = None
@@ -1259,35 +1255,26 @@ def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy
             entering = b.keep(desired.join(live.select(*key), key, "left_anti"))
         n_leaving, n_entering = leaving.count(), entering.count()
         held, dead = _segment_counts(b, base, leaving)
-        segments = list(base["segments"]) + ([b.version] if n_entering else [])
-        merged = _segments_to_merge(held, dead, n_entering, policy) if len(segments) > policy.max_segments else []
+        merged = _segments_to_merge(held, dead, n_entering, policy)
         kept = [s for s in base["segments"] if s not in merged]
         n_dead = sum(dead.get(s, 0) for s in kept)
         n_carried = sum(held[s] - dead.get(s, 0) for s in merged)
-        in_segments = sum(held[s] for s in kept) + n_entering + n_carried
         segments = kept + ([b.version] if n_entering or n_carried else [])
-        if len(segments) <= policy.max_segments and n_dead <= policy.max_dead_fraction * in_segments:
-            b.log(f"incremental on v{base['index_version']}: {n_entering} documents enter segment {b.version}, "
-                  f"{n_leaving} leave; {n_dead} tombstones in {len(segments)} segments")
-            tombstones = leaving.select("segment", "shard", "doc_ord")
-            if base.get("num_tombstones"):
-                old = b.read(tables.TOMBSTONES).where(
-                    F.col("index_version") == base["index_version"]).select("segment", "shard", "doc_ord")
-                tombstones = old.unionByName(tombstones)
-            plan = SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, n_dead,
-                               base["index_version"])
-            if merged:
-                _carry_merged(b, plan, merged, live if live is not None else _read_live_docs(b, base), n_carried)
-            if b.enrichment is not None or merged:
-                rows, n_rows = plan.written()
-                _with_unchanged_movers(b, rows, n_rows)
-            return plan
-        b.changed = None  # every document enters the new segment: their analyses come from the whole table
-        b.log(f"full build: v{base['index_version']} would hold {len(segments)} segments and {n_dead} tombstones "
-              f"of {in_segments} documents (policy: at most {policy.max_segments} segments, "
-              f"{policy.max_dead_fraction:.0%} tombstoned)")
-    else:
-        b.log("full build: no earlier version of this kind, or --full")
+        b.log(f"incremental on v{base['index_version']}: {n_entering} documents enter segment {b.version}, "
+              f"{n_leaving} leave; {n_dead} tombstones in {len(segments)} segments")
+        tombstones = leaving.select("segment", "shard", "doc_ord")
+        if base.get("num_tombstones"):
+            old = b.read(tables.TOMBSTONES).where(
+                F.col("index_version") == base["index_version"]).select("segment", "shard", "doc_ord")
+            tombstones = old.unionByName(tombstones)
+        plan = SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, n_dead, base["index_version"])
+        if merged:
+            _carry_merged(b, plan, merged, live if live is not None else _read_live_docs(b, base), n_carried)
+        if b.enrichment is not None or merged:
+            rows, n_rows = plan.written()
+            _with_unchanged_movers(b, rows, n_rows)
+        return plan
+    b.log("full build: no earlier version of this kind, or --full")
     return SegmentPlan(desired, None, None, None, [b.version], None, 0, None)
 
 
@@ -1312,10 +1299,24 @@ def _segment_counts(b: Build, base: dict, leaving: DataFrame) -> tuple[dict[int,
 
 def _segments_to_merge(held: dict[int, int], dead: dict[int, int], n_entering: int,
                        policy: SegmentPolicy) -> list[int]:
-    """The base's segments whose live documents are fewer than policy.merge_below_fraction of the new version's."""
+    """The base's segments whose live documents enter the new segment: none while the version stays within the
+    policy; past it, the small ones (fewer live documents than policy.merge_below_fraction of the version's), and
+    when that is not enough (too many dead documents in the big ones), every segment: a compaction that carries
+    each live document's analysis, injections and decisions (none is decided again)."""
     live = {s: n - dead.get(s, 0) for s, n in held.items()}
+
+    def within(merged: list[int]) -> bool:
+        kept = [s for s in held if s not in merged]
+        n_segments = len(kept) + (1 if n_entering or merged else 0)
+        in_segments = sum(held[s] for s in kept) + n_entering + sum(live[s] for s in merged)
+        return (n_segments <= policy.max_segments
+                and sum(dead.get(s, 0) for s in kept) <= policy.max_dead_fraction * in_segments)
+
+    if within([]):
+        return []
     limit = policy.merge_below_fraction * (sum(live.values()) + n_entering)
-    return sorted(s for s, n in live.items() if n < limit)
+    small = sorted(s for s, n in live.items() if n < limit)
+    return small if small and within(small) else sorted(held)
 
 
 def _carry_merged(b: Build, plan: SegmentPlan, merged: list[int], live: DataFrame, rows: int) -> None:
@@ -1329,7 +1330,9 @@ def _carry_merged(b: Build, plan: SegmentPlan, merged: list[int], live: DataFram
                            f"{tables.SEGMENT_DOCS} rows and tombstones count")
     plan.merged = merged
     plan.tombstones = plan.tombstones.where(~F.col("segment").isin(merged))
-    b.log(f"merge: segments {merged} merge into segment {b.version} with their {rows} live documents")
+    b.log(f"merge: segments {merged} merge into segment {b.version} with their {rows} live documents"
+          + (" (all of them: a compaction that decides nothing again)" if merged == sorted(plan.base["segments"])
+             else ""))
 
 
 def _with_unchanged_movers(b: Build, entering: DataFrame, rows: int) -> None:

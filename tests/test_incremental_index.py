@@ -287,6 +287,13 @@ def test_past_the_segment_limit_a_night_merges_the_small_segments_into_its_own(n
     build(again, spark, enrichment=True, tau=TAU)
     assert_same_index(wh, again, enriched=False)
     assert_same_index(wh, again, enriched=True)
+    # Too many dead documents for the policy, even with the small segments merged: every segment merges (the
+    # documents keep their decisions; nothing is analysed or decided again), with the same index.
+    for kind, enriched in (("plain", False), ("enriched", True)):
+        row = build(wh, spark, enrichment=enriched, **({"tau": TAU} if enriched else {}), max_dead_fraction=0.01)
+        assert row["segments"] == [row["index_version"]] and row["num_tombstones"] == 0
+        assert row["base_version"] == rows[kind][-1]["index_version"] and row["documents_analysed"] == 0
+        assert_same_index(wh, again, enriched=enriched)
 
 
 def test_a_full_build_on_request_writes_one_segment_with_the_same_index(nights, spark):
@@ -300,7 +307,7 @@ def test_a_full_build_on_request_writes_one_segment_with_the_same_index(nights, 
 def test_a_night_without_a_change_feed_compares_tables_and_equals_a_full_rebuild(nights, tmp_path, spark):
     """Night 2 as a rewrite of the docs table (a replace-mode ingest: no MERGE, so no change data feed to read): the
     incremental build finds what came and went by comparing the table with its base, with the same index; then
-    too many segments make a full build."""
+    at most one segment merges both into a new one (a compaction: no tombstones, the same index)."""
     _, reference, _, _ = nights
     wh = str(tmp_path / "wh")
     ingest(wh, TINY_DOCS, tmp_path)
@@ -311,7 +318,9 @@ def test_a_night_without_a_change_feed_compares_tables_and_equals_a_full_rebuild
     assert night["documents_analysed"] == 3
     assert_same_index(wh, reference, enriched=False)
     row = build(wh, spark, enrichment=False, max_segments=1)
-    assert row["segments"] == [row["index_version"]] and row["base_version"] is None
+    assert row["segments"] == [row["index_version"]] and row["base_version"] == night["index_version"]
+    assert row["num_tombstones"] == 0 and row["documents_analysed"] == 0
+    assert_same_index(wh, reference, enriched=False)
     searcher, _ = load_searcher(wh)
     assert [h.doc_id for h in searcher.search("insulin pump", k=1)] == ["d13"]
 
