@@ -58,7 +58,8 @@ def main(work: Path) -> None:
         at = published[v] - T0
         first = next((r for r in requests if r["t"] >= at and r["status"] == 200 and r["index_version"] >= v), None)
         nights.append({
-            "night": i, "changed_fraction": 0.01, "seconds": seconds, "nightly_seconds": summary["seconds"],
+            "night": i, "changed_fraction": 0.01, "snapshot": str(work / f"snapshot-{i:02d}.parquet"),
+            "seconds": seconds, "nightly_seconds": summary["seconds"],
             "fraction_of_full_build": round(seconds / FULL_BUILD_SECONDS, 4), "index_version": v,
             "new_version": m[4] == "new", "segments": int(m[5]), "num_tombstones": int(m[6]),
             "merged_segments": json.loads(m[7]) if m[7] else [], "compacted": int(m[5]) == 1,
