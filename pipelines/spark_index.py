@@ -324,7 +324,9 @@ class SegmentPolicy:
     """How many segments and dead documents a version may hold before a build merges segments into its new one."""
 
     max_segments: int = 16
-    max_dead_fraction: float = 0.25  # tombstoned documents / documents in the version's segments
+    # Tombstoned documents / documents in the version's segments; past it (with the small segments merged), every
+    # segment merges.
+    max_dead_fraction: float = 0.25
     # Past max_segments, the base's segments holding fewer live documents than this share of the version's merge
     # into the new segment (a night's segments, not the big one a full build wrote).
     merge_below_fraction: float = 0.1
