@@ -450,3 +450,16 @@ def test_the_change_feed_nets_several_nights_into_what_came_and_went(tmp_path, s
     assert docs_changes(b, {"docs_table_version": 0, "num_docs": 3}) is None
     assert docs_changes(b, {"docs_table_version": 3, "num_docs": 5}).came == 0
     b.release()
+
+
+def test_the_segment_policy_merges_nothing_within_it_then_the_small_segments_then_every_segment():
+    from sira.pipelines.spark_index import SegmentPolicy, _segments_to_merge
+
+    policy = SegmentPolicy(max_segments=16, max_dead_fraction=0.25, merge_below_fraction=0.1)
+    nights = {s: 1000 if s == 1 else 10 for s in range(1, 17)}  # a big segment and 15 nights' small ones
+    assert _segments_to_merge({1: 1000, 2: 10, 3: 10}, {}, 10, policy) == []
+    # A 17th segment would pass max_segments: the 15 small ones merge into the new one.
+    assert _segments_to_merge(nights, {1: 100}, 10, policy) == list(range(2, 17))
+    # Too many dead documents left in the big one even then: every segment merges.
+    assert _segments_to_merge(nights, {1: 400}, 10, policy) == list(range(1, 17))
+    assert _segments_to_merge({1: 1000}, {1: 300}, 0, policy) == [1]
