@@ -450,36 +450,41 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
     return nights, serving
 
 
-def against_fresh_build(args, work: Path, wh: Path, last_snapshot: Path, server) -> tuple[dict, dict, dict]:
-    """The last snapshot built fresh in full, rankings and query speed compared with the nights' index, and the
-    nights' index loaded cold (no shard cache)."""
+NOT_COMPARED = {"rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None,
+                "cold_load_seconds": None}
+
+
+def against_fresh_build(args, work: Path, wh: Path, last_snapshot: Path, server) -> dict:
+    """The results' keys of the last snapshot built fresh in full, rankings and query speed compared with the
+    nights' index, and the nights' index loaded cold (no shard cache). A failure here (a full disk, say) is
+    reported beside the nights' figures, which stand without it, instead of losing them."""
     logs, fresh_wh = work / "logs", work / "wh-fresh"
-    log(f"fresh full build of the last snapshot ({last_snapshot.name})")
-    fresh = full_build(args.full_build, last_snapshot, fresh_wh, server.base_url, work, "fresh", args.job_timeout)
-    log("comparing rankings and query speed")
-    compare = worker_json(["bench.nights", "--compare", str(wh), str(fresh_wh)], logs / "compare.log",
-                          args.job_timeout)
-    with tempfile.TemporaryDirectory(prefix="shard-cache-", dir=work) as cache:
-        cold = worker_json(["bench.scale", "--load", str(wh)], logs / "cold-load.log", args.job_timeout,
-                           env={"SIRA_SHARD_CACHE": cache})
-    log(f"rankings equal: {compare['rankings_equal']}; q/s nights/fresh "
-        f"{compare['qps_nights'] / compare['qps_fresh']:.3f}; cold load {cold['seconds']:.1f} s")
-    return fresh, compare, cold
-
-
-def compared(args, work: Path, wh: Path, last_snapshot: Path, server) -> dict:
-    """`against_fresh_build` as the results' keys; a failure there (a full disk, say) is reported with the nights'
-    figures, which stand without it, instead of losing them."""
     try:
-        fresh, compare, cold = against_fresh_build(args, work, wh, last_snapshot, server)
+        log(f"fresh full build of the last snapshot ({last_snapshot.name})")
+        fresh = full_build(args.full_build, last_snapshot, fresh_wh, server.base_url, work, "fresh", args.job_timeout)
+        log("comparing rankings and query speed")
+        compare = worker_json(["bench.nights", "--compare", str(wh), str(fresh_wh)], logs / "compare.log",
+                              args.job_timeout)
+        with tempfile.TemporaryDirectory(prefix="shard-cache-", dir=work) as cache:
+            cold = worker_json(["bench.scale", "--load", str(wh)], logs / "cold-load.log", args.job_timeout,
+                               env={"SIRA_SHARD_CACHE": cache})
     except Exception as exc:  # noqa: BLE001
         log(f"the comparison with a fresh build failed: {exc}")
-        return {"rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None,
-                "cold_load_seconds": None, "compare_error": str(exc)[-3000:]}
+        return {**NOT_COMPARED, "compare_error": str(exc)[-3000:]}
+    log(f"rankings equal: {compare['rankings_equal']}; q/s nights/fresh "
+        f"{compare['qps_nights'] / compare['qps_fresh']:.3f}; cold load {cold['seconds']:.1f} s")
     return {"rankings_equal_full_rebuild": compare["rankings_equal"],
             "query_speed_after_nights_vs_fresh": round(compare["qps_nights"] / compare["qps_fresh"], 4),
             "cold_load_seconds": round(cold["seconds"], 3), "fresh_build": fresh, "compare": compare,
             "cold_load": cold}
+
+
+def nights_summary(nights: list[dict]) -> dict:
+    """Mean and worst fraction of the full build, and the slowest follow, over `nights`."""
+    fractions = [x["fraction_of_full_build"] for x in nights]
+    follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
+    return {"night_fraction_mean": round(statistics.mean(fractions), 4) if fractions else None,
+            "night_fraction_max": max(fractions, default=None), "follow_seconds_max": max(follows, default=None)}
 
 
 def chain_of(results: Path) -> list[dict]:
@@ -491,10 +496,7 @@ def chain_of(results: Path) -> list[dict]:
 
 def chain_summary(nights: list[dict]) -> dict:
     """The month's figures over every night of a chain of continued runs."""
-    fractions = [x["fraction_of_full_build"] for x in nights]
-    follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
-    return {"nights": len(nights), "night_fraction_mean": round(statistics.mean(fractions), 4),
-            "night_fraction_max": max(fractions), "follow_seconds_max": max(follows, default=None),
+    return {"nights": len(nights), **nights_summary(nights),
             "failed_requests": sum(x["failed_requests"] for x in nights),
             "compactions": sum(bool(x["compacted"]) for x in nights),
             "merges": sum(bool(x.get("merged_segments")) and not x["compacted"] for x in nights),
@@ -520,17 +522,13 @@ def measure(args) -> dict:
         full = full_build(args.full_build, corpus, wh, server.base_url, work, "full", args.job_timeout)
         nights, serving = run_nights(args, work, logs, corpus, wh, server.base_url, full["seconds"], t0)
         last_snapshot = Path(nights[-1]["snapshot"]) if nights else corpus
-        comparison = compared(args, work, wh, last_snapshot, server)
+        comparison = against_fresh_build(args, work, wh, last_snapshot, server)
         instant_stats = server.stop()
-    fractions = [x["fraction_of_full_build"] for x in nights]
-    follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
     unfollowed = [x["index_version"] for x in nights if x["new_version"] and x["follow_seconds"] is None]
     return {
         "docs": n,
         "nights": nights,
-        "night_fraction_mean": round(statistics.mean(fractions), 4) if fractions else None,
-        "night_fraction_max": max(fractions, default=None),
-        "follow_seconds_max": max(follows, default=None),
+        **nights_summary(nights),
         "failed_requests": serving["failed_requests"],
         "full_build_seconds": full["seconds"],
         "versions_never_answered": unfollowed,
@@ -552,29 +550,23 @@ def measure_more_nights(args) -> dict:
     """`--continue-from EARLIER.json`: K more nights on the warehouse of an earlier run (its work dir, its last
     snapshot, its full build's seconds as the denominator), with a server that starts on its newest version: the
     follow and the nights' costs measured again after the code changed, without building twice in full. Rankings,
-    query speed against a fresh build and the cold load are not measured (null)."""
+    query speed against a fresh build and the cold load are measured with --compare-after (null otherwise)."""
     t0 = time.time()
     earlier = json.loads(args.continue_from.read_text())
     work = Path(earlier["nights"][-1]["snapshot"]).parent
     logs = work / "logs"
     snapshot = Path(earlier["nights"][-1]["snapshot"])
     first = earlier["nights"][-1]["night"] + 1
-    comparison = {"rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None,
-                  "cold_load_seconds": None}
+    comparison = NOT_COMPARED
     with instant_openai.start(max_seconds=(args.nights + 4) * args.job_timeout) as server:
         nights, serving = run_nights(args, work, logs, snapshot, work / "wh-nights", server.base_url,
                                      earlier["full_build_seconds"], t0, first_night=first)
         if args.compare_after:
-            comparison = compared(args, work, work / "wh-nights", Path(nights[-1]["snapshot"]), server)
+            comparison = against_fresh_build(args, work, work / "wh-nights", Path(nights[-1]["snapshot"]), server)
         instant_stats = server.stop()
-    fractions = [x["fraction_of_full_build"] for x in nights]
-    follows = [x["follow_seconds"] for x in nights if x["follow_seconds"] is not None]
     commit = git_commit()
     return {
-        "docs": earlier["docs"], "nights": nights, "continued_from": str(args.continue_from),
-        "night_fraction_mean": round(statistics.mean(fractions), 4) if fractions else None,
-        "night_fraction_max": max(fractions, default=None),
-        "follow_seconds_max": max(follows, default=None),
+        "docs": earlier["docs"], "nights": nights, "continued_from": str(args.continue_from), **nights_summary(nights),
         "failed_requests": serving["failed_requests"],
         "full_build_seconds": earlier["full_build_seconds"], "changed_fraction": args.changed_fraction,
         "cores": os.cpu_count(), "command": "python bench/nights.py " + " ".join(sys.argv[1:]),

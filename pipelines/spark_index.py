@@ -1236,7 +1236,6 @@ def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy
     (`_segments_to_merge`). Without a base, a full build's plan: every `desired` document."""
     key = ["doc_id", "content_hash", "inject_key", "decisions_key"]
     if base is not None:
-        live = None
         if moves is not None:
             live = b.live if b.live is not None else _read_live_docs(b, base)
             leaving = b.cut(live.join(_small(moves.leaving_ids, moves.leaving_rows), "doc_id", "left_semi"))
@@ -1269,9 +1268,12 @@ def plan_segments(b: Build, desired: DataFrame | None, base: dict | None, policy
             old = b.read(tables.TOMBSTONES).where(
                 F.col("index_version") == base["index_version"]).select("segment", "shard", "doc_ord")
             tombstones = old.unionByName(tombstones)
-        plan = SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, n_dead, base["index_version"])
-        if merged:
-            _carry_merged(b, plan, merged, live if live is not None else _read_live_docs(b, base), n_carried)
+        carried = None
+        if merged:  # the merged segments leave the version with their tombstones
+            carried = _carried(b, base, merged, live, leaving, n_carried)
+            tombstones = tombstones.where(~F.col("segment").isin(merged))
+        plan = SegmentPlan(entering, n_entering, leaving, base, segments, tombstones, n_dead, base["index_version"],
+                           carried, n_carried, merged)
         if b.enrichment is not None or merged:
             rows, n_rows = plan.written()
             _with_unchanged_movers(b, rows, n_rows)
@@ -1321,28 +1323,24 @@ def _segments_to_merge(held: dict[int, int], dead: dict[int, int], n_entering: i
     return small if small and within(small) else sorted(held)
 
 
-def _carry_merged(b: Build, plan: SegmentPlan, merged: list[int], live: DataFrame, rows: int) -> None:
-    """Put the merged segments' documents that stay into `plan.carried`, and drop those segments' tombstones."""
+def _carried(b: Build, base: dict, merged: list[int], live: DataFrame, leaving: DataFrame, rows: int) -> DataFrame:
+    """The live rows of the merged segments' documents that stay (`rows` of them, as the counts said)."""
     place = ["segment", "shard", "doc_ord"]
-    stay = live.where(F.col("segment").isin(merged)).join(plan.leaving.select(*place), place, "left_anti")
-    plan.carried = b.cut(stay)  # cut, not kept: writing segment_docs would drop a kept frame that reads it
-    plan.carried_rows = plan.carried.count()
-    if plan.carried_rows != rows:
-        raise RuntimeError(f"segments {merged} hold {plan.carried_rows} live documents, not the {rows} their "
+    # Cut, not kept: writing segment_docs would drop a kept frame that reads it.
+    carried = b.cut(live.where(F.col("segment").isin(merged)).join(leaving.select(*place), place, "left_anti"))
+    got = carried.count()
+    if got != rows:
+        raise RuntimeError(f"segments {merged} hold {got} live documents, not the {rows} their "
                            f"{tables.SEGMENT_DOCS} rows and tombstones count")
-    plan.merged = merged
-    plan.tombstones = plan.tombstones.where(~F.col("segment").isin(merged))
     b.log(f"merge: segments {merged} merge into segment {b.version} with their {rows} live documents"
-          + (" (all of them: a compaction that decides nothing again)" if merged == sorted(plan.base["segments"])
-             else ""))
+          + (" (all of them: a compaction that decides nothing again)" if merged == sorted(base["segments"]) else ""))
+    return carried
 
 
 def _with_unchanged_movers(b: Build, entering: DataFrame, rows: int) -> None:
     """Add to `b.changed` (sign 0) the kept analyses of the documents that enter the new segment with the content
     they had: their injections changed, or their segment merges into the new one. Read only when there are such
     documents."""
-    if b.changed is None:  # the analyses come from the whole table
-        return
     key = ["doc_id", "content_hash"]
     came = b.changed.where("sign = 1").select(*key)
     unchanged = b.cut(_small(entering.select(*key), rows).join(came, key, "left_anti"))
