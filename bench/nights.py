@@ -34,7 +34,7 @@ enrichment costs the pipeline, not a model; `--backend openai --model instant --
    one (`merged_segments`: the previous version's segments it lacks), follow_seconds (publish time to the
    first successful response answered by that version or a newer one) and the failed requests (non-200 or no
    answer) from the night's start to the next night's start.
-4. After the last night (and once serve answers from its version, or poll_s + 300 s passed): the last snapshot is
+4. After the last night (unless `--skip-fresh-build`; and once serve answers from its version, or poll_s + 300 s passed): the last snapshot is
    built in full on a second warehouse `fresh` (as in step 1: ingest + enrich + index, same backend), then in a
    subprocess both newest enriched indexes are loaded (sira.pipelines.shard_loader.load_searcher) and compared:
    `rankings_equal_full_rebuild` (top-100 doc ids and scores of the 300 scifact test queries, identical),
@@ -395,7 +395,8 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
                                           - set(pub.get("segments") or [])) if new else [],
                 "published_at_s": round(pub["seen_at"] - t0, 2) if new and pub else None,
                 "expired_versions": summary["expired_versions"],
-                **{k: run[k] for k in run if k.startswith("peak_rss_tree")},
+                # peak resident memory of each process group (driver, JVM, Python workers) and of the whole tree
+                **{k: run[k] for k in run if k.startswith("peak_rss_")},
             })
             n = nights[-1]
             log(f"night {i}/{first_night + args.nights - 1}: {fraction:.0%} changed, {n['seconds']:.1f} s "
@@ -522,7 +523,8 @@ def measure(args) -> dict:
         full = full_build(args.full_build, corpus, wh, server.base_url, work, "full", args.job_timeout)
         nights, serving = run_nights(args, work, logs, corpus, wh, server.base_url, full["seconds"], t0)
         last_snapshot = Path(nights[-1]["snapshot"]) if nights else corpus
-        comparison = against_fresh_build(args, work, wh, last_snapshot, server)
+        comparison = NOT_COMPARED if args.skip_fresh_build else \
+            against_fresh_build(args, work, wh, last_snapshot, server)
         instant_stats = server.stop()
     unfollowed = [x["index_version"] for x in nights if x["new_version"] and x["follow_seconds"] is None]
     return {
@@ -593,6 +595,8 @@ def parse_args(argv=None):
     ap.add_argument("--compare-after", action="store_true",
                     help="with --continue-from: after the nights, build the last snapshot fresh and compare rankings, "
                          "query speed and the cold load (as a whole run does)")
+    ap.add_argument("--skip-fresh-build", action="store_true",
+                    help="no fresh build of the last snapshot, no comparison (its keys null): the nights alone")
     ap.add_argument("--compare", nargs=2, help=argparse.SUPPRESS)  # worker mode
     return ap.parse_args(argv)
 
