@@ -1,28 +1,37 @@
-"""The build side at scale, in one run: ingest, index builds, loading, a night, the enrichment pipeline.
+"""The suite at scale, in one run: a full enriched build, default nights, the searcher's load and query speed.
 
-    python bench/scale.py --docs 1000000 [--changed-fraction 0.01] [--seed 7] [--work-dir /tmp/sira-scale]
+    python bench/scale.py --docs 1000000 [--nights 3] [--changed-fraction 0.01] [--seed 7]
+                          [--work-dir /tmp/sira-scale] [--skip-bm25s] [--skip-searcher] [--skip-enrich]
                           --output-json bench/results/scale_1m.json
 
 Everything runs through the real jobs with their default settings (the `sira` CLI in a subprocess of its own,
 local Spark and Ray, Delta tables on local disk), on a synthetic corpus (bench/synthetic_corpus.py: resampled
-BEIR sentences, natural lengths, a growing vocabulary). Steps, each timed and its process tree sampled for
-memory every 0.2 s (the job's Python process, the Spark JVM, the Python workers):
+BEIR sentences, natural lengths, a growing vocabulary), with enrichment against bench/instant_openai.py (an
+OpenAI-compatible loopback server that answers at once: the pipeline is measured, not a model). Each job is
+timed and its process tree sampled for memory every 0.2 s, per group: the job's Python process (driver), the
+Spark JVM, the Python workers (Spark's and Ray's).
 
-1. `sira ingest corpus.parquet`: docs/s and peak memory.
-2. `sira index --preset pyserini-flat --no-enrichment --full` and `--preset sira`: seconds, docs/s per core,
-   peak memory of the driver and the JVM, bytes on disk per table.
-3. bm25s (0.3.16; its own tokenizer with PyStemmer's English stemmer and its English stopwords, unigrams, as
-   `bm25s.tokenize` + `BM25.index`) on the same documents, one thread: docs/s. Its ratio is ours per core over
-   bm25s's (one core).
-4. Loading the `sira` index from Delta into the searcher (sira.pipelines.shard_loader, a subprocess): seconds, memory.
-5. The searcher against bm25s on the same corpus and analysed terms (bench/searcher_scale.measure_searcher).
-6. A night: the corpus's next snapshot with `--changed-fraction` of its documents changed (60% updated, 20%
-   deleted, 20% inserted), `sira nightly --no-enrichment --preset sira` (MERGE ingest, incremental index build,
-   retention): seconds against ingest + full build of the same preset.
-7. The enrichment pipeline's own cost: `sira enrich --backend openai` against an instantly answering loopback
+1. Full enriched build: `sira nightly --source corpus.parquet --backend openai ...` on an empty warehouse (ingest,
+   enrich, index (enriched), retention; bench/nights.full_build): seconds (the nights' denominator), per step,
+   bytes on disk per table.
+2. `--nights` default nights (3): night i applies a fresh change set of `--changed-fraction` to the previous
+   snapshot (bench/nights.write_next_snapshot: 60% updated, 20% deleted, 20% inserted, seed + i - 1), then
+   `sira nightly` with the same backend: seconds, per step, fraction of the full build, peaks per group.
+3. Loading the newest `sira` index from Delta with no shard cache (bench/scale.py's load worker, a subprocess).
+4. Query speed on that index (query_speed_worker, a subprocess mapping the cache the load wrote): the 300 scifact
+   test queries plain and expanded (pseudo-relevance feedback terms, feedback_expansions) at k 10 and 1000, and
+   its bytes per posting, resident and arrays alone.
+5. Unless `--skip-bm25s` (bm25s does not fit at 5M): `sira index --preset pyserini-flat --no-enrichment --full` on
+   the same warehouse, and bm25s (0.3.16; its own tokenizer with PyStemmer's English stemmer and its English
+   stopwords, unigrams, as `bm25s.tokenize` + `BM25.index`) on the same documents, one thread: docs/s. Its ratio
+   is ours per core over bm25s's (one core).
+6. Unless `--skip-searcher`: the searcher against bm25s on the same corpus and analysed terms
+   (bench/searcher_scale.measure_searcher; it holds the analysed corpus in memory: 1M at most here).
+7. Unless `--skip-enrich`: the enrichment pipeline's own cost, `sira enrich --backend openai` against the instant
    server (bench/enrich_overhead.measure_enrich_overhead), at min(--docs, --enrich-docs) documents.
 
-The JSON's top level holds the issue's figures (ratios > 1: ours is better); `steps` holds the details.
+The JSON's top level holds the issue's figures (ratios > 1: ours is better; `peak_rss_mb` the highest peak of each
+process group over the build and the nights, and the searcher's load); `nights` and `steps` hold the details.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -159,15 +169,6 @@ def table_bytes(warehouse: Path) -> dict[str, int]:
 # ---------------------------------------------------------------- steps ----------------------------------------
 
 
-def term_stats_rows(warehouse: Path, versions: list[int]) -> dict[str, int]:
-    """term_stats rows each of `versions` wrote (its own, not those it sums)."""
-    from deltalake import DeltaTable
-    import pyarrow.dataset as ds
-
-    data = DeltaTable(str(warehouse / "term_stats")).to_pyarrow_dataset()
-    return {str(v): data.count_rows(filter=ds.field("index_version") == v) for v in versions}
-
-
 def bm25s_index_worker(corpus: str) -> None:
     """Subprocess: bm25s tokenize + index of the corpus's texts, one thread; prints a JSON line."""
     import resource
@@ -208,13 +209,101 @@ def load_worker(warehouse: str) -> None:
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def _worker_json(module_args: list[str], log: Path) -> dict:
-    run = run_job(["-m", "bench.scale", *module_args], log)
+QUERY_KS = (10, 1000)
+FEEDBACK_DOCS, EXPANSION_TERMS, EXPANSION_WEIGHT = 10, (30, 60), 0.5
+
+
+def feedback_expansions(searcher, df, plain: list, snapshot: str, tau: float, seed: int) -> list[list[str]]:
+    """Per plain query: 30-60 terms of its FEEDBACK_DOCS best documents (their text from the snapshot the index
+    was built from, through the index's analyzer) with 0 < DF <= tau x N in the index, absent from the query; most
+    feedback documents first, then rarer first, then the term. Pseudo-relevance feedback: expansions that look like
+    a proposer's (terms the index holds, near the query's documents), made without a model."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    from sira.core.analysis import index_text
+
+    rankings = searcher.rank_many(plain, FEEDBACK_DOCS)
+    wanted = sorted({d for r in rankings for d in r.doc_ids.to_pylist()})
+    rows = pads.dataset(snapshot).to_table(columns=["doc_id", "title", "text"],
+                                           filter=pc.field("doc_id").isin(wanted))
+    terms_of = {d: set(searcher.analyzer.terms(index_text(t or "", x))) for d, t, x in zip(
+        *(rows.column(c).to_pylist() for c in ("doc_id", "title", "text")))}
+    out = []
+    for i, (query, ranking) in enumerate(zip(plain, rankings)):
+        feedback: dict[str, int] = {}
+        for d in ranking.doc_ids.to_pylist():
+            for t in terms_of.get(d, ()):
+                feedback[t] = feedback.get(t, 0) + 1
+        found = df.lookup(sorted(set(feedback) - set(query.terms)))
+        cands = sorted((t for t, n in found.items() if 0 < n <= tau * df.num_docs),
+                       key=lambda t: (-feedback[t], found[t], t))
+        n = int(np.random.default_rng([seed, i]).integers(EXPANSION_TERMS[0], EXPANSION_TERMS[1] + 1))
+        out.append(cands[:n])
+    return out
+
+
+def query_speed_worker(warehouse: str, snapshot: str) -> None:
+    """Subprocess: the newest `sira` index of the warehouse (its shard cache, as the load step left it): q/s of
+    the 300 scifact test queries, plain and expanded (feedback_expansions, weight 0.5), at k 10 and 1000, with
+    the searcher's default scorer, one thread (best of 5 repetitions of >= 1 s); and its memory per posting,
+    resident (every mapped page touched) and arrays alone. Prints a JSON line."""
+    import numpy as np
+
+    from bench.query_speed import best_time, rss_bytes_now
+    from sira.core.datasets import resolve_dataset
+    from sira.core.defaults import DEFAULT_TAU
+    from sira.core.search import QueryPart, compile_query
+    from sira.pipelines.shard_loader import load_df_table, load_searcher
+
+    rss_before = rss_bytes_now()
+    searcher, manifest = load_searcher(warehouse, preset="sira")
+    texts = list(resolve_dataset("beir:scifact").queries("test").values())
+    plain = [compile_query([QueryPart(tuple(searcher.analyzer.terms(t)))]) for t in texts]
+    df = load_df_table(warehouse, manifest)
+    expansions = feedback_expansions(searcher, df, plain, snapshot, DEFAULT_TAU, seed=7)
+    del df
+    expanded = [compile_query([QueryPart(q.terms), QueryPart(tuple(e), EXPANSION_WEIGHT, "expansion")])
+                for q, e in zip(plain, expansions)]
+    qps = {}
+    for kind, queries in (("plain", plain), ("expanded", expanded)):
+        for k in QUERY_KS:
+            seconds, _ = best_time(lambda: searcher.rank_many(queries, k), 5, 1.0)
+            qps[f"{kind}_k{k}"] = round(len(queries) / seconds, 1)
+    for shard in searcher.shards:  # every page of every mapped array, so that all of the index counts as resident
+        for values in shard.arrays().values():
+            int(values.reshape(-1).view(np.uint8)[:: 4096].sum())
+    postings = sum(s.num_postings for s in searcher.shards)
+    print(json.dumps({"index_version": manifest["index_version"], "num_docs": manifest["num_docs"],
+                      "segments": manifest["segments"], "postings": postings, "qps": qps,
+                      "query_terms": {"plain": float(np.mean([len(q.term_ids) for q in plain])),
+                                      "expanded": float(np.mean([len(q.term_ids) for q in expanded]))},
+                      "resident_bytes_per_posting": round((rss_bytes_now() - rss_before) / postings, 3),
+                      "index_bytes_per_posting": round(sum(s.nbytes() for s in searcher.shards) / postings, 3)}))
+
+
+def _worker_json(module_args: list[str], log: Path, env: dict | None = None) -> dict:
+    run = run_job(["-m", "bench.scale", *module_args], log, env=env)
     line = [ln for ln in log.read_text().splitlines() if ln.startswith("{")][-1]
     return {**json.loads(line), "wall_seconds": run["seconds"]}
 
 
+def peaks_by_group(runs: list[dict]) -> dict[str, float]:
+    """The highest peak of each process group (driver, jvm, python_workers, other, tree) over some jobs' runs, MB."""
+    out: dict[str, float] = {}
+    for run in runs:
+        for key, mb in run.items():
+            if key.startswith("peak_rss_") and not key.endswith("_anon_mb"):
+                group = key.removeprefix("peak_rss_").removesuffix("_mb")
+                out[group] = max(out.get(group, 0.0), mb)
+    return out
+
+
 def measure(args) -> dict:
+    from bench import nights as nb  # nights imports this module: imported late
+    from bench import instant_openai
+
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     logs = work / "logs"
@@ -228,6 +317,7 @@ def measure(args) -> dict:
     wh = work / f"wh-{n}"
     if wh.exists():
         shutil.rmtree(wh)
+    (work / "mlflow.db").unlink(missing_ok=True)
     steps: dict = {}
 
     def step(name: str, fn):
@@ -236,57 +326,79 @@ def measure(args) -> dict:
         print(f"    {json.dumps(steps[name])[:300]}", flush=True)
         return steps[name]
 
-    ingest = step("ingest", lambda: run_job(["ingest", str(corpus), "-w", str(wh)], logs / "ingest.log"))
-    ingest["docs_per_s"] = round(n / ingest["seconds"], 1)
-    for preset, extra in (("pyserini-flat", []), ("sira", [])):
-        out = work / f"index-{preset}.json"
-        run = step(f"index {preset}", lambda: run_job(
-            ["index", "-w", str(wh), "--preset", preset, "--no-enrichment", "--full", "--output-json", str(out),
-             *extra], logs / f"index-{preset}.log"))
-        run["docs_per_s_per_core"] = round(n / run["seconds"] / cores, 1)
-        built = json.loads(out.read_text())
-        run["build_step_seconds"], run["index_version"] = built["step_seconds"], built["index_version"]
-    steps["table_bytes"] = table_bytes(wh)
-    bm25s = step("bm25s index", lambda: _worker_json(["--bm25s-index", str(corpus)], logs / "bm25s-index.log"))
-    step("load sira index from Delta", lambda: _worker_json(["--load", str(wh)], logs / "load.log"))
+    with instant_openai.start(max_seconds=(args.nights + 4) * args.job_timeout) as server:
+        # The default night's denominator: ingest + enrich + index of the whole corpus, one `sira nightly`.
+        full = step("full enriched build", lambda: nb.full_build(
+            "nightly", corpus, wh, server.base_url, work, "full", args.job_timeout))
+        full["docs_per_s_per_core"] = round(n / full["seconds"] / cores, 1)
+        steps["table_bytes_after_full_build"] = table_bytes(wh)
+        snapshot, nights = corpus, []
+        for i in range(1, args.nights + 1):
+            nxt = work / f"night-{n}-s{args.seed}-{i:02d}.parquet"
+            nb.write_next_snapshot(snapshot, nxt, args.changed_fraction, args.seed, i)
+            snapshot, out = nxt, logs / f"night-{i:02d}.json"
+            run = step(f"night {i}", lambda: run_job(nb.nightly_args(wh, snapshot, server.base_url, work, out),
+                                                     logs / f"night-{i:02d}.log", timeout=args.job_timeout))
+            summary = json.loads(out.read_text())
+            run.update(fraction_of_full_build=round(run["seconds"] / full["seconds"], 4),
+                       step_seconds={k: round(v, 2) for k, v in summary["step_seconds"].items()},
+                       index_version=summary["index_version"])
+            nights.append(run)
+        server.stop()
+    steps["table_bytes_after_nights"] = table_bytes(wh)
+    with tempfile.TemporaryDirectory(prefix="shard-cache-", dir=work) as cache:
+        env = {"SIRA_SHARD_CACHE": cache}  # the load is cold (no cache); query speed maps what it wrote
+        step("load sira index from Delta", lambda: _worker_json(["--load", str(wh)], logs / "load.log", env))
+        speed = step("query speed", lambda: _worker_json(["--query-speed", str(wh), str(snapshot)],
+                                                         logs / "query-speed.log", env))
+    if not args.skip_bm25s:
+        # The preset bm25s is compared with (unigrams, no enrichment) on the same warehouse, and bm25s itself.
+        out = work / "index-pyserini-flat.json"
+        flat = step("index pyserini-flat", lambda: run_job(
+            ["index", "-w", str(wh), "--preset", "pyserini-flat", "--no-enrichment", "--full", "--output-json",
+             str(out)], logs / "index-pyserini-flat.log"))
+        flat["docs_per_s_per_core"] = round(n / flat["seconds"] / cores, 1)
+        flat["build_step_seconds"] = json.loads(out.read_text())["step_seconds"]
+        step("bm25s index", lambda: _worker_json(["--bm25s-index", str(corpus)], logs / "bm25s-index.log"))
     if not args.skip_searcher:
         from bench.searcher_scale import measure_searcher
 
         step("searcher", lambda: measure_searcher(n, seed=args.seed, work_dir=work / "searcher"))
-    snapshot = work / f"night-{n}-s{args.seed}-{args.changed_fraction}.parquet"
-    if not snapshot.exists():
-        write_parquet(snapshot, iter_documents(n, args.seed, change_set(n, args.changed_fraction, args.seed)))
-    night = step("nightly", lambda: run_job(
-        ["nightly", "-w", str(wh), "--source", str(snapshot), "--no-enrichment", "--preset", "sira",
-         "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--output-json", str(work / "night.json")],
-        logs / "nightly.log"))
-    night["summary"] = json.loads((work / "night.json").read_text())
-    # A night writes the term statistics its documents moved, not the whole vocabulary again.
-    night["term_stats_rows"] = term_stats_rows(wh, [steps["index sira"]["index_version"],
-                                                    night["summary"]["index_version"]])
-    full = ingest["seconds"] + steps["index sira"]["seconds"]
     if not args.skip_enrich:
         from bench.enrich_overhead import measure_enrich_overhead
 
         step("enrich overhead", lambda: measure_enrich_overhead(min(n, args.enrich_docs), work / "enrich"))
-    flat = steps["index pyserini-flat"]
+    flat, bm25s = steps.get("index pyserini-flat"), steps.get("bm25s index")
     searcher = steps.get("searcher", {})
+    fractions = sorted(x["fraction_of_full_build"] for x in nights)
     return {
         "docs": n,
-        "index_docs_per_s_per_core": flat["docs_per_s_per_core"],
-        "index_docs_per_s_per_core_sira_preset": steps["index sira"]["docs_per_s_per_core"],
-        "index_ratio_vs_bm25s_per_core": round(flat["docs_per_s_per_core"] / bm25s["docs_per_s"], 3),
+        "full_build_seconds": full["seconds"],
+        "nightly_seconds": [x["seconds"] for x in nights],
+        "nightly_fraction_of_full_build": fractions[len(fractions) // 2] if fractions else None,
+        "nightly_fraction_max": fractions[-1] if fractions else None,
+        "load_seconds": round(steps["load sira index from Delta"]["seconds"], 2),
+        "qps": speed["qps"],
+        "index_bytes_per_posting": speed["index_bytes_per_posting"],
+        "resident_bytes_per_posting": speed["resident_bytes_per_posting"],
+        # Each process group's peak over the full build and the nights (the searcher's is the load's).
+        "peak_rss_mb": {**peaks_by_group([full["run"], *nights]),
+                        "searcher": round(steps["load sira index from Delta"]["peak_rss_mb"], 1)},
+        "index_docs_per_s_per_core": flat["docs_per_s_per_core"] if flat else None,
+        "index_docs_per_s_per_core_sira_preset": full["docs_per_s_per_core"],
+        "index_ratio_vs_bm25s_per_core": round(flat["docs_per_s_per_core"] / bm25s["docs_per_s"], 3) if bm25s
+        else None,
         "query_ratio_vs_bm25s_numba": searcher.get("query_ratio_vs_bm25s_numba"),
         "k1000_ratio_vs_bm25s_numba": searcher.get("k1000_ratio_vs_bm25s_numba"),
         "memory_ratio_vs_bm25s": searcher.get("memory_ratio_vs_bm25s"),
-        "nightly_seconds": night["seconds"],
-        "nightly_fraction_of_full_build": round(night["seconds"] / full, 3),
         "enrich_overhead_docs_per_s": steps.get("enrich overhead", {}).get("docs_per_s"),
         "changed_fraction": args.changed_fraction,
         "seed": args.seed,
         "cores": cores,
         "command": "python bench/scale.py " + " ".join(sys.argv[1:]),
+        "git_commit": nb.git_commit(),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "nights": nights,
         "steps": steps,
     }
 
@@ -307,11 +419,16 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/sira-scale"))
     ap.add_argument("--enrich-docs", type=int, default=200_000, help="documents of the enrichment overhead run")
+    ap.add_argument("--nights", type=int, default=3, help="default nights after the full build")
+    ap.add_argument("--job-timeout", type=float, default=6 * 3600, help="seconds any one job may run")
+    ap.add_argument("--skip-bm25s", action="store_true",
+                    help="no pyserini-flat index and no bm25s index (bm25s does not fit at 5M)")
     ap.add_argument("--skip-searcher", action="store_true")
     ap.add_argument("--skip-enrich", action="store_true")
     ap.add_argument("--output-json", type=Path)
     ap.add_argument("--bm25s-index", help=argparse.SUPPRESS)  # worker modes
     ap.add_argument("--load", help=argparse.SUPPRESS)
+    ap.add_argument("--query-speed", nargs=2, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -321,6 +438,8 @@ def main(argv=None) -> None:
         return bm25s_index_worker(args.bm25s_index)
     if args.load:
         return load_worker(args.load)
+    if args.query_speed:
+        return query_speed_worker(*args.query_speed)
     if not args.docs:
         raise SystemExit("--docs is required")
     write_report(measure(args), args.output_json)
