@@ -60,7 +60,7 @@ def enrich_corpus(cfg: EnrichConfig, log: Callable[[str], None], progress: Progr
     todo, skipped = docs_to_enrich(cfg.warehouse, model, version, cfg.retry_errors)
     documents = todo.num_rows + skipped  # counted before --limit, which only defers work
     if cfg.limit is not None:
-        todo = todo.slice(0, cfg.limit)
+        todo = todo.limit(cfg.limit)
     log(f"enrich: {todo.num_rows} documents to do, {skipped} already enriched "
         f"(backend {cfg.backend.backend}, model {model}, version {version})")
     started = time.perf_counter()

@@ -230,6 +230,26 @@ def changed_data_files(uri: str, since: int, until: int) -> list[str] | None:
     return sorted(files)
 
 
+def data_files(uri: str, version: int | None = None) -> tuple[int, list[str]]:
+    """(version, the data files of that version as paths under the table root): every row of the version is a row of
+    one of them, read whole (a table whose deletion vectors hide rows inside files is refused: ValueError)."""
+    table = DeltaTable(uri, version=version)
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        raise ValueError(f"{uri}: the table has deletion vectors (rows deleted inside data files), which the file-by-"
+                         "file readers do not apply; rewrite it without them (ALTER TABLE ... SET TBLPROPERTIES "
+                         "('delta.enableDeletionVectors' = false) and REORG TABLE ... APPLY (PURGE))")
+    paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    return table.version(), sorted(paths)
+
+
+def open_data_file(uri: str, path: str):
+    """A pyarrow ParquetFile of the table's data file `path` (as `data_files` names it)."""
+    import pyarrow.parquet as pq
+
+    fs, root = _filesystem(uri)
+    return pq.ParquetFile(fs.open_input_file(f"{root}/{path}"))
+
+
 def read_data_files(uri: str, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
     """`columns` of the table's data files `paths` (as `changed_data_files` names them), removed ones included while
     they are still on disk (FileNotFoundError once vacuumed)."""

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sira.pipelines.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.delta_io import data_files, merge_rows, open_data_file, read_table, table_exists
 from sira.pipelines.llm_backends import BackendConfig, build_stage
 from sira.core import tables
 from sira.core.analysis import index_text
@@ -36,27 +38,98 @@ COMPACT_TARGET_BYTES = 16 * 2**20
 COMPACT_EVERY_COMMITS = 50
 
 
-def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors: bool = True) -> tuple[pa.Table, int]:
+DOC_COLUMNS = ["doc_id", "title", "text", "content_hash"]
+
+
+@dataclass(frozen=True)
+class FileTodo:
+    """The documents to do of one docs data file: their row positions there (ascending) and REPLACES_ERROR."""
+
+    uri: str
+    path: str
+    positions: np.ndarray
+    replaces_error: np.ndarray
+
+    def read(self) -> Iterator[pa.Table]:
+        """Their DOC_COLUMNS and REPLACES_ERROR, a table (a copy) per batch of the file read."""
+        offset = 0
+        for batch in open_data_file(self.uri, self.path).iter_batches(batch_size=8192, columns=DOC_COLUMNS):
+            lo, hi = np.searchsorted(self.positions, [offset, offset + batch.num_rows])
+            if lo < hi:
+                part = pa.Table.from_batches([batch]).take(pa.array(self.positions[lo:hi] - offset))
+                yield part.append_column(REPLACES_ERROR, pa.array(self.replaces_error[lo:hi], pa.bool_()))
+            offset += batch.num_rows
+
+
+@dataclass(frozen=True)
+class DocsTodo:
+    """The documents a corpus enrichment has to do, by position in the data files of one docs table version. The
+    pipeline's read tasks read their texts a file at a time (`FileTodo.read`): no process holds the corpus's text,
+    5 GB at 5M documents. Files in path order, documents in file order."""
+
+    files: tuple[FileTodo, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(f.positions) for f in self.files)
+
+    def limit(self, n: int) -> DocsTodo:
+        """The first `n` documents."""
+        out = []
+        for f in self.files:
+            if n <= 0:
+                break
+            out.append(FileTodo(f.uri, f.path, f.positions[:n], f.replaces_error[:n]))
+            n -= len(out[-1].positions)
+        return DocsTodo(tuple(out))
+
+    def to_table(self) -> pa.Table:
+        """Every document to do, read into one table (small todos: tests, a few documents)."""
+        parts = [t for f in self.files for t in f.read()]
+        return pa.concat_tables(parts) if parts else pa.table(
+            {**{c: pa.array([], pa.string()) for c in DOC_COLUMNS}, REPLACES_ERROR: pa.array([], pa.bool_())})
+
+
+def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors: bool = True) -> tuple[DocsTodo, int]:
     """Docs whose current content has no enrichment for (model, prompt_version) yet, with REPLACES_ERROR; and how
-    many were skipped."""
-    docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "title", "text", "content_hash"])
+    many were skipped. Only the keys are read here (doc_id, content_hash: about 60 bytes a document)."""
+    docs_uri = tables.table_uri(warehouse, tables.DOCS)
+    _, paths = data_files(docs_uri)
+    keys = []
+    for i, path in enumerate(paths):
+        part = open_data_file(docs_uri, path).read(columns=["doc_id", "content_hash"])
+        keys.append(part.append_column("file", pa.array(np.full(part.num_rows, i, np.int32)))
+                    .append_column("pos", pa.array(np.arange(part.num_rows, dtype=np.int64))))
+    docs = pa.concat_tables(keys) if keys else pa.table({"doc_id": pa.array([], pa.string()), "content_hash": pa.array(
+        [], pa.string()), "file": pa.array([], pa.int32()), "pos": pa.array([], pa.int64())})
+    del keys
     uri = tables.table_uri(warehouse, tables.ENRICHMENT)
-    if not table_exists(uri):
-        return with_replaces_error(docs, None, ("doc_id", "content_hash")), 0
-    done = read_table(uri, columns=["doc_id", "content_hash", "model", "prompt_version", "error"])
-    done = done.filter(pc.and_(pc.equal(done["model"], model), pc.equal(done["prompt_version"], prompt_version)))
-    errored = done.filter(pc.is_valid(done["error"])) if retry_errors else None
-    if retry_errors:
-        done = done.filter(pc.is_null(done["error"]))
-    todo = docs.join(done.select(["doc_id", "content_hash"]), keys=["doc_id", "content_hash"], join_type="left anti")
-    todo = with_replaces_error(todo, errored, ("doc_id", "content_hash"))
-    return todo.sort_by("doc_id"), docs.num_rows - todo.num_rows
+    errored = None
+    if table_exists(uri):
+        done = read_table(uri, columns=["doc_id", "content_hash", "model", "prompt_version", "error"])
+        done = done.filter(pc.and_(pc.equal(done["model"], model), pc.equal(done["prompt_version"], prompt_version)))
+        errored = done.filter(pc.is_valid(done["error"])) if retry_errors else None
+        if retry_errors:
+            done = done.filter(pc.is_null(done["error"]))
+        todo = docs.join(done.select(["doc_id", "content_hash"]), keys=["doc_id", "content_hash"],
+                         join_type="left anti")
+    else:
+        todo = docs
+    todo = with_replaces_error(todo, errored, ("doc_id", "content_hash")).sort_by([("file", "ascending"),
+                                                                                  ("pos", "ascending")])
+    files, ids = [], todo.column("file").to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.empty(0, np.int64)
+    ends = np.r_[starts[1:], len(ids)]
+    positions, replaces = todo.column("pos").to_numpy(), todo.column(REPLACES_ERROR).to_numpy(zero_copy_only=False)
+    for a, z in zip(starts, ends):
+        files.append(FileTodo(docs_uri, paths[ids[a]], positions[a:z].copy(), replaces[a:z].copy()))
+    return DocsTodo(tuple(files)), docs.num_rows - todo.num_rows
 
 
 def with_replaces_error(todo: pa.Table, errored: pa.Table | None, key: tuple[str, ...]) -> pa.Table:
     """`todo` with the REPLACES_ERROR column: whether its key is among the keys of `errored` (None: none is)."""
     if errored is None or errored.num_rows == 0:
-        return todo.append_column(REPLACES_ERROR, pa.array([False] * todo.num_rows, pa.bool_()))
+        return todo.append_column(REPLACES_ERROR, pa.array(np.zeros(todo.num_rows, bool)))
     marks = errored.select(list(key)).append_column(REPLACES_ERROR, pa.array([True] * errored.num_rows, pa.bool_()))
     todo = todo.join(marks, keys=list(key), join_type="left outer")
     return todo.set_column(todo.schema.get_field_index(REPLACES_ERROR), REPLACES_ERROR,
@@ -150,7 +223,7 @@ class ProposalWriter:
 
 def enrich(
     warehouse: str,
-    todo: pa.Table,
+    todo: DocsTodo | pa.Table,
     template: PromptTemplate,
     backend: BackendConfig,
     max_n: int,
@@ -177,7 +250,7 @@ def enrich(
 def propose(
     warehouse: str,
     table: str,
-    todo: pa.Table,
+    todo: pa.Table | DocsTodo,
     carry: tuple[str, ...],
     render: Callable[[dict], str],
     prompt_version: str,
@@ -193,9 +266,7 @@ def propose(
     """Run prompt -> proposer -> parse over `todo` (rows with the `carry` columns, what `render` reads and
     REPLACES_ERROR) with Ray Data and commit results in chunks to `table` (its key is `carry` + model +
     prompt_version); returns counters. `on_commit` gets each commit's ProposalWriter.write statistics."""
-    import ray
-
-    if REPLACES_ERROR not in todo.column_names:
+    if isinstance(todo, pa.Table) and REPLACES_ERROR not in todo.column_names:
         raise ValueError(f"propose needs the {REPLACES_ERROR!r} column (with_replaces_error); got {todo.column_names}")
     model, backend_name = backend.model_id(), backend.backend
     passed = [*carry, REPLACES_ERROR]
@@ -240,16 +311,10 @@ def propose(
         return counters
     # Input blocks of one backend batch: a map task emits its output only when its whole block is done, so one big
     # block would hold every result back until the end (a killed job would lose them all), and it would keep every
-    # engine but one idle (an actor takes a block at a time). Copies, not slices: a slice keeps the buffers of the
-    # whole table, and Ray sizes, budgets and ships a block by its buffers.
+    # engine but one idle (an actor takes a block at a time). Whole batches, not rows: Ray Data's per-row maps cost
+    # more than the work they do here.
     rows = max(1, min(commit_every, backend.batch_size))
-    todo = todo.combine_chunks()  # a take from a table of many chunks concatenates them all first, every time
-    blocks = [todo.take(pa.array(range(start, min(start + rows, todo.num_rows))))
-              for start in range(0, todo.num_rows, rows)]
-    # from_blocks, not from_arrow: from_arrow asks a remote task for each block's metadata (200k documents: 1,563
-    # tasks, 14 s before the first request on 2 cores); from_blocks reads it here. Whole batches, not rows: Ray
-    # Data's per-row maps cost more than the work they do here.
-    ds = ray.data.from_blocks(blocks).map_batches(make_prompts, batch_size=None, batch_format="pyarrow", num_cpus=0.1)
+    ds = input_dataset(todo, rows).map_batches(make_prompts, batch_size=None, batch_format="pyarrow", num_cpus=0.1)
     ds = build_stage(backend, vocabulary, analyzer_json)(ds)
     # Parsed here, as the answers arrive to be committed: parsing costs less than handing each block to one more
     # Ray task (a worker process, object store copies), and this process touches every row anyway.
@@ -268,6 +333,44 @@ def propose(
         on_progress(chunk.num_rows)
     writer.close()
     return counters
+
+
+def input_dataset(todo: pa.Table | DocsTodo, rows: int):
+    """A Ray dataset of `todo` in blocks of `rows` rows. A DocsTodo is read by Ray tasks, a docs file each, as the
+    pipeline consumes it; a table (query sets, a test's rows) is cut into blocks here."""
+    import ray
+
+    if isinstance(todo, DocsTodo):
+        # Read tasks merge what they read into big blocks (a docs file's worth); the stream is cut into blocks of
+        # `rows` again. Fractional CPUs: read tasks that take whole ones deadlock the pipeline on 2 cores.
+        files = sum(1 for f in todo.files if len(f.positions))
+        return ray.data.read_datasource(_docs_datasource(todo), override_num_blocks=files, concurrency=2,
+                                        num_cpus=0.25).repartition(target_num_rows_per_block=rows)
+    # Copies, not slices: a slice keeps the buffers of the whole table, and Ray sizes, budgets and ships a block by
+    # its buffers. A take from a table of many chunks concatenates them all first, every time: combined once.
+    todo = todo.combine_chunks()
+    blocks = [todo.take(pa.array(range(start, min(start + rows, todo.num_rows))))
+              for start in range(0, todo.num_rows, rows)]
+    # from_blocks, not from_arrow: from_arrow asks a remote task for each block's metadata (200k documents: 1,563
+    # tasks, 14 s before the first request on 2 cores); from_blocks reads it here.
+    return ray.data.from_blocks(blocks)
+
+
+def _docs_datasource(todo: DocsTodo):
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    class DocsTodoDatasource(Datasource):
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None):
+            # One task per file; each captures its own file's positions only.
+            return [ReadTask(lambda f=f: f.read(), BlockMetadata(num_rows=len(f.positions), size_bytes=None,
+                                                                      exec_stats=None, input_files=None))
+                    for f in todo.files if len(f.positions)]
+
+    return DocsTodoDatasource()
 
 
 def _chunks(blocks: Iterable[pa.Table], rows: int, seconds: float) -> Iterator[pa.Table]:
