@@ -39,6 +39,10 @@ COMPACT_EVERY_COMMITS = 50
 
 
 DOC_COLUMNS = ["doc_id", "title", "text", "content_hash"]
+# As the table's readers see them: a writer may have stored the strings as string_view (delta-rs's MERGE does), which
+# Arrow's joins do not take.
+DOC_SCHEMA = pa.schema([(c, pa.string()) for c in DOC_COLUMNS])
+KEY_SCHEMA = pa.schema([("doc_id", pa.string()), ("content_hash", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class FileTodo:
         for batch in open_data_file(self.uri, self.path).iter_batches(batch_size=8192, columns=DOC_COLUMNS):
             lo, hi = np.searchsorted(self.positions, [offset, offset + batch.num_rows])
             if lo < hi:
-                part = pa.Table.from_batches([batch]).take(pa.array(self.positions[lo:hi] - offset))
+                part = pa.Table.from_batches([batch]).cast(DOC_SCHEMA).take(pa.array(self.positions[lo:hi] - offset))
                 yield part.append_column(REPLACES_ERROR, pa.array(self.replaces_error[lo:hi], pa.bool_()))
             offset += batch.num_rows
 
@@ -97,7 +101,7 @@ def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors
     _, paths = data_files(docs_uri)
     keys = []
     for i, path in enumerate(paths):
-        part = open_data_file(docs_uri, path).read(columns=["doc_id", "content_hash"])
+        part = open_data_file(docs_uri, path).read(columns=["doc_id", "content_hash"]).cast(KEY_SCHEMA)
         keys.append(part.append_column("file", pa.array(np.full(part.num_rows, i, np.int32)))
                     .append_column("pos", pa.array(np.arange(part.num_rows, dtype=np.int64))))
     docs = pa.concat_tables(keys) if keys else pa.table({"doc_id": pa.array([], pa.string()), "content_hash": pa.array(
