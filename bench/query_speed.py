@@ -59,7 +59,7 @@ def load_corpus(dataset) -> tuple[list[str], list[str]]:
             doc_id, title, text = parse_record(RawRecord(str(dataset.corpus_path), n, line))
         except RecordError:
             continue
-        # Same field joining as pipelines/spark_index.py; the first record of a duplicated id wins.
+        # Same field joining as the index build (sira.pipelines.index.workers); the first record of a duplicated id wins.
         docs.setdefault(doc_id, f"{title} {text}" if title else text)
     doc_ids = sorted(docs)  # shard doc ordinals follow doc-id order
     return doc_ids, [docs[d] for d in doc_ids]

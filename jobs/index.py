@@ -32,7 +32,8 @@ class IndexConfig(DFFilterParams, IndexBuildParams):
 
 def run(cfg: IndexConfig, spark=None) -> dict:
     from sira.pipelines.delta_io import table_exists
-    from sira.pipelines.spark_index import EnrichmentChoice, SegmentPolicy, build_in_session
+    from sira.pipelines.index.build import build_in_session
+    from sira.pipelines.index.context import EnrichmentChoice, SegmentPolicy
     from sira.core import tables
 
     use_enrichment = cfg.enrichment

@@ -3,10 +3,10 @@
     ingest (MERGE by doc id + content hash) -> [plain index: the encoder's vocabulary] -> enrich only new or
     changed documents -> build and publish the enriched index -> expire index versions past the retention window
 
-Each index build is incremental (sira.pipelines.spark_index): only new or changed documents are analysed, and they
+Each index build is incremental (sira.pipelines.index): only new or changed documents are analysed, and they
 enter a new segment on top of the last version. `--no-enrichment` publishes the plain index only.
 
-Publishing is atomic (a version becomes visible when its corpus_stats row lands, see sira.pipelines.spark_index), so a
+Publishing is atomic (a version becomes visible when its corpus_stats row lands, see sira.pipelines.index.build.publish), so a
 running `sira serve` that follows the newest version switches without ever reading a half-written one. Every step
 is idempotent: a failed or killed night is rerun as is; finished work (the docs MERGE, committed enrichment
 chunks, a published index) is found and not redone. One MLflow parent run per night, a child run per step.

@@ -52,7 +52,8 @@ def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, 
     """The newest index of `preset` matching the current docs (and, when `model` is given or `any_model`, the
     current enrichment table, that model and prompt, and tau); built when there is none, in `spark` when given (the
     caller's to stop) or in a session of its own."""
-    from sira.pipelines.spark_index import EnrichmentChoice, build_in_session
+    from sira.pipelines.index.build import build_in_session
+    from sira.pipelines.index.context import EnrichmentChoice
 
     enriched = model is not None or any_model
     enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) if enriched else None

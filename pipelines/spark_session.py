@@ -18,7 +18,7 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Adaptive execution coalesces small shuffle partitions and splits skewed joins; the index build sizes the
-    # shuffle partitions from its input (sira.pipelines.spark_index.size_shuffles) unless they are set explicitly.
+    # shuffle partitions from its input (sira.pipelines.index.build.size_shuffles) unless they are set explicitly.
     "spark.sql.adaptive.enabled": "true",
     "spark.databricks.delta.snapshotPartitions": "2",
     # Broadcast relations and shuffle files are freed only after a GC finds their plans unreachable; a long build

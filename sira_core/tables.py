@@ -117,7 +117,7 @@ RUNS_SCHEMA = pa.schema(
 )
 RUNS_KEY = ("run_id", "qid")
 
-# ---- The Spark index build (pipelines/spark_index.py) -------------------------------------------------------------
+# ---- The Spark index build (sira.pipelines.index) -------------------------------------------------------------
 # Layout 2: an index version is a list of immutable segments (each one build's documents, with their own doc
 # ordinals and postings) minus the version's tombstones, plus its own term statistics. A night indexes only the
 # documents that changed into a new segment; a full build (or a compaction) writes one segment with everything.

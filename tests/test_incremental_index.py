@@ -384,10 +384,10 @@ def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_fu
     """A night read from the change feed (merge) analyses what went from the feed's texts, so the enriched build
     stays incremental after the plain one compacted those analyses away; one that compares whole tables (a rewrite
     of the docs table) needs them, finds them gone and builds in full. Both equal the rebuild."""
-    from sira.pipelines import spark_index
+    from sira.pipelines.index import build as index_build
 
     _, reference, _, _ = nights
-    monkeypatch.setattr(spark_index, "STALE_ANALYSIS_FRACTION", 0.1)
+    monkeypatch.setattr(index_build, "STALE_ANALYSIS_FRACTION", 0.1)
     wh = str(tmp_path / "wh")
     ingest(wh, TINY_DOCS, tmp_path)
     enrich(wh)
@@ -428,7 +428,8 @@ def test_the_change_feed_nets_several_nights_into_what_came_and_went(tmp_path, s
     between (changed twice, changed back, deleted and re-inserted as it was, inserted and deleted)."""
     from sira.core.presets import get_preset
     from sira.pipelines.delta_io import has_change_data
-    from sira.pipelines.spark_index import docs_changes, start_build
+    from sira.pipelines.index.build import start_build
+    from sira.pipelines.index.changes import docs_changes
 
     doc = lambda i, text: {"_id": i, "title": "", "text": text}  # noqa: E731
     nights = [
@@ -453,7 +454,8 @@ def test_the_change_feed_nets_several_nights_into_what_came_and_went(tmp_path, s
 
 
 def test_the_segment_policy_merges_nothing_within_it_then_the_small_segments_then_every_segment():
-    from sira.pipelines.spark_index import SegmentPolicy, _segments_to_merge
+    from sira.pipelines.index.context import SegmentPolicy
+    from sira.pipelines.index.segments import _segments_to_merge
 
     policy = SegmentPolicy(max_segments=16, max_dead_fraction=0.25, merge_below_fraction=0.1)
     nights = {s: 1000 if s == 1 else 10 for s in range(1, 17)}  # a big segment and 15 nights' small ones

@@ -7,7 +7,7 @@ import pytest
 from sira.jobs import index as index_job
 from sira.pipelines.delta_io import read_table
 from sira.pipelines.shard_loader import find_index, load_searcher, published_versions
-from sira.pipelines.spark_index import _replace
+from sira.pipelines.index.context import replace_rows
 from sira.core.analysis import Analyzer
 from sira.core.memory_index import build_searcher, index_text
 from sira.core.presets import get_preset
@@ -55,7 +55,7 @@ def test_a_half_written_version_is_invisible_and_replaced_by_the_next_build(tiny
     # Simulate a build killed after writing its segment's postings but before publishing corpus_stats.
     junk = spark.createDataFrame([(partial, 0, 123, 0, [0], [9])],
                                  "segment long, shard int, term_id long, block int, doc_ords array<int>, tfs array<int>")
-    _replace(junk, f"{tiny_warehouse}/segment_postings", "segment", partial, ["segment", "shard"])
+    replace_rows(junk, f"{tiny_warehouse}/segment_postings", "segment", partial, ["segment", "shard"])
     assert find_index(tiny_warehouse)["index_version"] == latest
 
     row = index_job.run(index_job.IndexConfig(warehouse=tiny_warehouse, preset="pyserini-flat", shards=2), spark=spark)
@@ -76,7 +76,7 @@ def test_bad_preset_and_missing_docs_are_clear_errors(tmp_path, spark):
 def test_a_term_id_spelled_two_ways_is_a_clear_error(tmp_path, tiny_beir, spark):
     from sira.core.hashing import term_id
     from sira.jobs import ingest as ingest_job
-    from sira.pipelines.spark_index import TermIdCollision
+    from sira.pipelines.index.context import TermIdCollision
 
     wh = str(tmp_path / "wh")
     ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))

@@ -20,8 +20,9 @@ def modules() -> dict[str, Path]:
     """Every module of the distribution by its installed name."""
     found = {}
     for folder, package in FOLDERS.items():
-        for path in sorted((REPO / folder).glob("*.py")):
-            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = [package, *path.relative_to(REPO / folder).with_suffix("").parts]
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
