@@ -6,7 +6,7 @@ The first `--docs` scifact documents are ingested into a temporary warehouse. Th
 (the fact_check template, max_n 3, documents in doc-id order, as the job renders them):
 
 - raw: one `llama_cpp.Llama` in this process on all cores, a plain loop of the same model input (chat turns or
-  completion text of `sira.pipelines.local_llm`), the same sampling (temperature, seed, max_tokens) under llama.cpp's
+  completion text of `sira.pipelines.enrichment.local_llm`), the same sampling (temperature, seed, max_tokens) under llama.cpp's
   JSON-schema grammar, i.e. the bare runtime's own way to get JSON out; model load timed apart, not counted;
 - one engine: the job's decoding (free decoding stopped when the list closes, the grammar only as a fallback)
   through one in-process LocalLLMActor on all cores, i.e. the job minus Ray, Delta and the one-engine-per-core
@@ -17,7 +17,7 @@ The first `--docs` scifact documents are ingested into a temporary warehouse. Th
 The raw loop runs before and after the job and the faster raw run is the reference, so load that drifts during
 a run counts against the job, not for it. Reported: documents/s and generated tokens/s of each run, and job/raw
 for each (target: docs/s ratio >= 0.8).
-Both run with OMP_WAIT_POLICY=PASSIVE, as the actor sets it (see pipelines/local_llm.py). The machine may be
+Both run with OMP_WAIT_POLICY=PASSIVE, as the actor sets it (see pipelines/enrichment/local_llm.py). The machine may be
 shared: run it on a quiet one, or compare runs made together.
 
 Encoder proposer (`--encoder-docs N`, default 200): the same job with `--backend encoder` over the first N
@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from sira.jobs import enrich as enrich_job  # noqa: E402
 from sira.jobs import ingest as ingest_job  # noqa: E402
-from sira.pipelines.llm_backends import BackendConfig  # noqa: E402
-from sira.pipelines.local_llm import N_CTX, chat_messages, completion_text, resolve_model  # noqa: E402
+from sira.pipelines.enrichment.llm_backends import BackendConfig  # noqa: E402
+from sira.pipelines.enrichment.local_llm import N_CTX, chat_messages, completion_text, resolve_model  # noqa: E402
 from sira.core.enrichment import JSON_SCHEMA, document_input, load_template  # noqa: E402
 
 TASK = "fact_check"
@@ -72,7 +72,7 @@ def job_prompts(docs: list[dict]) -> list[str]:
 
 
 def run_one_engine(prompts: list[str], backend: BackendConfig) -> dict:
-    from sira.pipelines.local_llm import LocalLLMActor
+    from sira.pipelines.enrichment.local_llm import LocalLLMActor
 
     started = time.perf_counter()
     actor = LocalLLMActor(backend.model_dump_json(), threads=os.cpu_count())
@@ -127,8 +127,8 @@ def run_job(warehouse: str, backend: BackendConfig) -> dict:
 def run_encoder(n_docs: int) -> dict:
     """`sira enrich --backend encoder` vs a raw encode + nearest-entry loop, on the first n scifact docs."""
     from sira.jobs import index as index_job
-    from sira.pipelines.encoder_proposer import EncoderProposer, load_vocabulary
-    from sira.pipelines.shard_loader import find_index
+    from sira.pipelines.enrichment.encoder_proposer import EncoderProposer, load_vocabulary
+    from sira.pipelines.index.catalog import find_index
     from sira.core.analysis import Analyzer, AnalyzerConfig, index_text
 
     docs = first_docs(n_docs)

@@ -5,7 +5,7 @@ Parquet sources took before 8dc044d) against a batch at a time (`parse_batch`, w
                                  --output-json bench/results/ingest_paths_1m.json
 
 For each path and repeat, in alternating order, two ingests each in a process of its own (`ingest` of
-sira.pipelines.ingest, no CLI or MLflow around it): a replace ingest of the synthetic corpus (bench/synthetic_corpus.py)
+sira.pipelines.storage.ingest, no CLI or MLflow around it): a replace ingest of the synthetic corpus (bench/synthetic_corpus.py)
 into an empty warehouse, then the MERGE ingest of its next snapshot, 1% changed, as a night runs it. Each has its
 seconds and peak RSS. At the end, the two paths' `docs` tables are compared (they must be equal).
 """
@@ -34,7 +34,7 @@ PATHS = ("per_record", "columnar")
 
 def ingest_worker(path: str, source: str, warehouse: str, mode: str) -> None:
     """One ingest in this process; prints its seconds and peak RSS as JSON."""
-    from sira.pipelines import ingest as m
+    from sira.pipelines.storage import ingest as m
 
     if path == "per_record":  # every source through parse_record, one record at a time
         m._Snapshot._columnar_rows = lambda self, advance: self._record_rows(advance)

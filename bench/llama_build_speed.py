@@ -37,8 +37,8 @@ def worker(prompts: list[str]) -> dict:
     """In the build's process: one 1-thread engine over `prompts`."""
     import llama_cpp
 
-    from sira.pipelines.llm_backends import BackendConfig
-    from sira.pipelines.local_llm import LocalLLMActor, completion_text
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.local_llm import LocalLLMActor, completion_text
 
     actor = LocalLLMActor(BackendConfig(backend="local").model_dump_json(), threads=1)
     llm = actor.llm

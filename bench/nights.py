@@ -20,7 +20,7 @@ enrichment costs the pipeline, not a model; `--backend openai --model instant --
    (`first_search_seconds`); then a thread sends 3 searches per second (POST /search, scifact
    test queries, k 10, 127.0.0.1, 10 s timeout) and records every request's time, status and the `index_version`
    that answered it (WORK/requests.jsonl); another thread
-   polls corpus_stats (sira.pipelines.shard_loader.published_versions) every 0.5 s and notes when each index
+   polls corpus_stats (sira.pipelines.index.catalog.published_versions) every 0.5 s and notes when each index
    version first becomes visible: its publish time.
 3. K nights: night i writes the next snapshot (the previous one with a fresh change set applied: change_set of
    bench/synthetic_corpus.py with seed `--seed + i - 1` picks rows of the previous snapshot by position, of the
@@ -36,7 +36,7 @@ enrichment costs the pipeline, not a model; `--backend openai --model instant --
    answer) from the night's start to the next night's start.
 4. After the last night (unless `--skip-fresh-build`; and once serve answers from its version, or poll_s + 300 s passed): the last snapshot is
    built in full on a second warehouse `fresh` (as in step 1: ingest + enrich + index, same backend), then in a
-   subprocess both newest enriched indexes are loaded (sira.pipelines.shard_loader.load_searcher) and compared:
+   subprocess both newest enriched indexes are loaded (sira.pipelines.serving.shard_loader.load_searcher) and compared:
    `rankings_equal_full_rebuild` (top-100 doc ids and scores of the 300 scifact test queries, identical),
    `query_speed_after_nights_vs_fresh` (q/s at k 10 of the nights' searcher over the fresh one, the median of 5
    alternating repeats over all queries); `cold_load_seconds`: the nights' index loaded in a fresh process with an
@@ -148,7 +148,7 @@ class Publications(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        from sira.pipelines.shard_loader import published_versions
+        from sira.pipelines.index.catalog import published_versions
 
         while not self._done.is_set():
             try:
@@ -308,7 +308,7 @@ def compare_worker(nights_wh: str, fresh_wh: str) -> None:
     """Subprocess: both newest enriched indexes, their top-100 rankings and q/s at k 10; prints a JSON line."""
     import numpy as np
 
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.serving.shard_loader import load_searcher
 
     (a, ma), (b, mb) = (load_searcher(w, preset="sira", enriched=True) for w in (nights_wh, fresh_wh))
     texts = queries()

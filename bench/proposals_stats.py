@@ -7,7 +7,7 @@ holds answered rows only: `sira proposals export` leaves errors out), the corpus
 `bench/results/run_NAME_encoder.json` records it (its `enrichment.documents`) and the difference, phrases proposed
 (the sum of each row's parsed `phrases`; the DF filter, which needs the index, is not applied), the most frequent
 proposed phrases (each counted once per answer), the answers that hold each phrase of the worked examples
-(`pipelines/local_prompts.py`: FEWSHOT_EXAMPLES, FEWSHOT_QUERY_EXAMPLES), and the median `latency_ms` per answered
+(`pipelines/enrichment/local_prompts.py`: FEWSHOT_EXAMPLES, FEWSHOT_QUERY_EXAMPLES), and the median `latency_ms` per answered
 document as the engine recorded it.
 """
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from sira.pipelines.local_prompts import FEWSHOT_EXAMPLES, FEWSHOT_QUERY_EXAMPLES  # noqa: E402
+from sira.pipelines.enrichment.local_prompts import FEWSHOT_EXAMPLES, FEWSHOT_QUERY_EXAMPLES  # noqa: E402
 
 PROPOSALS = REPO_ROOT / "bench/results/proposals"
 TOP = 10

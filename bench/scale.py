@@ -51,7 +51,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.synthetic_corpus import change_set, iter_documents, write_parquet  # noqa: E402
+from bench.synthetic_corpus import iter_documents, write_parquet  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -196,7 +196,7 @@ def load_worker(warehouse: str) -> None:
     """Subprocess: load the newest `sira` index from Delta into a searcher; prints a JSON line."""
     import resource
 
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.serving.shard_loader import load_searcher
 
     started = time.perf_counter()
     searcher, manifest = load_searcher(warehouse, preset="sira")
@@ -255,7 +255,7 @@ def query_speed_worker(warehouse: str, snapshot: str) -> None:
     from sira.core.datasets import resolve_dataset
     from sira.core.defaults import DEFAULT_TAU
     from sira.core.search import QueryPart, compile_query
-    from sira.pipelines.shard_loader import load_df_table, load_searcher
+    from sira.pipelines.serving.shard_loader import load_df_table, load_searcher
 
     rss_before = rss_bytes_now()
     searcher, manifest = load_searcher(warehouse, preset="sira")

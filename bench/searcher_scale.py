@@ -11,7 +11,7 @@
    build; per document its distinct term ids (sira.core.hashing.term_id) and tfs; the term strings; the 300
    scifact test queries through the same Analyzer.
 2. `sira-build` (subprocess): our shards from those arrays (`build_shards`, numpy: same shard hash, doc
-   ordinals, N, avgdl and df as sira.core.memory_index) written to a shard cache (sira.pipelines.shard_cache):
+   ordinals, N, avgdl and df as sira.core.memory_index) written to a shard cache (sira.pipelines.serving.shard_cache):
    the cold load. Then the expansion terms, by pseudo-relevance feedback: for each query, the terms of its
    FEEDBACK_DOCS best documents (plain query) with 0 < df <= TAU * N that the query lacks, most feedback
    documents first (then rarer first, then term id), 30 to 60 of them (seeded per query), at weight 0.5.
@@ -230,7 +230,7 @@ def pseudo_relevance_expansions(searcher, corpus: dict, vocab: np.ndarray, df: n
 
 
 def worker_sira_build(folder: Path, work_dir: Path, num_shards: int, preset_name: str) -> dict:
-    from sira.pipelines import shard_cache
+    from sira.pipelines.serving import shard_cache
     from sira.core.analysis import Analyzer
     from sira.core.presets import get_preset
     from sira.core.search import Searcher
@@ -262,7 +262,7 @@ def worker_sira_build(folder: Path, work_dir: Path, num_shards: int, preset_name
 
 
 def worker_sira(folder: Path, work_dir: Path, num_shards: int, preset_name: str, ks, repeats, min_seconds) -> dict:
-    from sira.pipelines import shard_cache
+    from sira.pipelines.serving import shard_cache
     from sira.core.analysis import Analyzer
     from sira.core.bm25 import CorpusStats, ShardIndex
     from sira.core.presets import get_preset

@@ -27,7 +27,7 @@ from ranx import Qrels, Run, evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sira.pipelines.encoder import MiniLMEncoder  # noqa: E402
+from sira.pipelines.enrichment.encoder import MiniLMEncoder  # noqa: E402
 from sira.core.analysis import Analyzer, index_text, ngrams  # noqa: E402
 from sira.core.datasets import resolve_dataset  # noqa: E402
 from sira.core.dfstats import query_side_filter  # noqa: E402

@@ -4,7 +4,7 @@
                                   [--requests 200] [--concurrency 4] [--k 10] [--backend openai|local]
                                   [--output-json bench/results/serve_latency.json]
 
-Builds what the warehouse lacks (`sira.pipelines.index_freshness.ensure_index`), starts `sira serve` as a subprocess
+Builds what the warehouse lacks (`sira.pipelines.index.freshness.ensure_index`), starts `sira serve` as a subprocess
 on a free loopback port, sends `--requests` searches per mode from the split's queries (in qid order, cycling) at
 `--concurrency` requests in flight, then stops the server. Two modes: `plain` (expand: false) and
 `expand` (expand: true). Client-side latency covers the whole HTTP round trip; the server's `timing_ms`
@@ -122,8 +122,8 @@ def main() -> None:
     parser.add_argument("--output-json", type=Path, default=REPO_ROOT / "bench/results/serve_latency.json")
     args = parser.parse_args()
 
-    from sira.pipelines.console import console, progress_bar
-    from sira.pipelines.index_freshness import ensure_index
+    from sira.pipelines.tracking.console import console, progress_bar
+    from sira.pipelines.index.freshness import ensure_index
     from sira.core.datasets import resolve_dataset
 
     dataset = resolve_dataset(args.dataset)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 TASK = "fact_check"  # the template enrich_speed.job_prompts renders, passed to the job too
 GPU_MEMORY_UTILIZATION = 0.8
-MAX_MODEL_LEN = 4096  # what sira.pipelines.llm_backends.vllm_processor_config sets
+MAX_MODEL_LEN = 4096  # what sira.pipelines.enrichment.llm_backends.vllm_processor_config sets
 
 
 def preflight() -> None:
@@ -58,7 +58,7 @@ def preflight() -> None:
 
 def sampling(output_tokens: int) -> dict:
     """The decoding of both sides: the backend's defaults, with the output length fixed."""
-    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
 
     cfg = BackendConfig(backend="vllm", model="-")
     return {"temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": output_tokens, "ignore_eos": True,
@@ -69,7 +69,7 @@ def run_raw(model_dir: str, prompts_path: str, output_tokens: int, out_path: str
     """Child process: vLLM's offline chat over the prompts; writes its timings as JSON."""
     from vllm import LLM, SamplingParams
 
-    from sira.pipelines.llm_backends import chat_messages
+    from sira.pipelines.enrichment.llm_backends import chat_messages
 
     prompts = json.loads(Path(prompts_path).read_text())
     started = time.perf_counter()
@@ -106,7 +106,7 @@ def sira_enrich(warehouse: str, model_dir: str, output_tokens: int, out_json: st
 
 
 def check_table(warehouse: str, n_docs: int, output_tokens: int) -> dict:
-    from sira.pipelines.delta_io import read_table
+    from sira.pipelines.storage.delta_io import read_table
     from sira.core import tables
 
     rows = read_table(tables.table_uri(warehouse, tables.ENRICHMENT))

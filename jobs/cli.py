@@ -12,13 +12,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from sira.pipelines.console import console, engine_log_path, engine_logs
-from sira.pipelines.stages import StageFailed
+from sira.pipelines.tracking.console import console, engine_log_path, engine_logs
+from sira.pipelines.tracking.stages import StageFailed
 from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, FOLLOW_POLL_S,
                                  SHARDS_HELP, SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
 from sira.core.program import DEFAULT_W
 
-stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.console.console)
+stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.tracking.console.console)
 # The options several commands share, declared once (their defaults and help live in sira.core.defaults).
 TauOption = typer.Option(DEFAULT_TAU, "--tau", help=TAU_HELP)
 WeightOption = typer.Option(None, "--expansion-weight", "--w", help=W_HELP)
@@ -81,7 +81,7 @@ def ingest(
 def _backend(backend: str, model: str | None = None, base_url: str = DEFAULT_OPENAI_BASE_URL,
              proposals: int | None = None, entries: str | None = None, **kwargs):
     """A BackendConfig from command-line options; --proposals / --entries set the encoder proposer."""
-    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
     from sira.core.proposers import EncoderProposerConfig
 
     encoder = EncoderProposerConfig(**{k: v for k, v in (("proposals", proposals), ("entries", entries))
@@ -129,7 +129,7 @@ def enrich(
     max_tokens: int = typer.Option(160, "--max-tokens"),
     limit: Optional[int] = typer.Option(None, help="enrich at most this many documents"),
     commit_every: Optional[int] = typer.Option(None, "--commit-every", help="most rows per Delta commit (default: "
-                                                                         "sira.pipelines.ray_enrich.COMMIT_EVERY)"),
+                                                                         "sira.pipelines.enrichment.ray_enrich.COMMIT_EVERY)"),
     commit_interval_s: Optional[float] = typer.Option(None, "--commit-interval-s",
                                                       help="commit what has arrived once this long has passed "
                                                            "since the last commit"),
@@ -220,7 +220,7 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
     """Search one query (or run a retrieval program) and print the ranked hits."""
-    from sira.pipelines.shard_loader import load_query_path, load_searcher
+    from sira.pipelines.serving.shard_loader import load_query_path, load_searcher
     from sira.core.program import RetrievalProgram
 
     if (text is None) == (program_file is None):
@@ -234,8 +234,8 @@ def search(
     else:
         proposals, proposer = None, ""
         if expand:
-            from sira.pipelines.online_proposer import propose_once
-            from sira.pipelines.warehouse_info import warehouse_task
+            from sira.pipelines.serving.online_proposer import propose_once
+            from sira.pipelines.storage.warehouse_info import warehouse_task
 
             cfg = _backend(backend, model, base_url)
             proposal = propose_once(warehouse, cfg, warehouse_task(warehouse, task), text, manifest)
@@ -358,7 +358,7 @@ def _reranker(backend: str | None, model: str | None, base_url: str, depth: int)
     """The sira+rerank reranker from command-line options; None without --rerank-backend."""
     if backend is None:
         return None
-    from sira.pipelines.rerank import RerankConfig, judge_backend
+    from sira.pipelines.enrichment.rerank import RerankConfig, judge_backend
 
     if backend == "openai" and model is None:
         raise ValueError("--rerank-backend openai needs --rerank-model (the endpoint's model id)")
@@ -426,7 +426,7 @@ def compare(
 ):
     """Two TREC runs on a split's judged queries: both means, the difference, the paired randomization test's p
     and per-query wins / losses / ties (each query's two scores go to --output-json)."""
-    from sira.pipelines.runs import compare_run_files
+    from sira.pipelines.tracking.runs import compare_run_files
 
     summary = compare_run_files(dataset, split, base_run, run_file, metric, permutations=permutations, seed=seed)
     table = Table(title=f"{dataset} / {split}: {run_file.name} against {base_run.name} ({summary['queries']} queries)")
@@ -475,7 +475,7 @@ def run(
 ):
     """The whole pipeline on one dataset: ingest, index, enrich, expand, and evaluate bm25 / doc / query / sira."""
     from sira.jobs import run as job
-    from sira.pipelines.tracking import TrackingConfig
+    from sira.pipelines.tracking.tracking import TrackingConfig
     from sira.core.datasets import resolve_dataset
 
     doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
@@ -524,7 +524,7 @@ def sweep(
 ):
     """Grid over tau / w / n-gram order, selected on train or dev, the choice evaluated once on test."""
     from sira.jobs import sweep as job
-    from sira.pipelines.tracking import TrackingConfig
+    from sira.pipelines.tracking.tracking import TrackingConfig
 
     _engine_logs(ctx, warehouse or _default_warehouse(dataset), verbose)
 
@@ -578,7 +578,7 @@ def nightly(
 ):
     """Incremental update: MERGE the new snapshot, enrich only new or changed docs, publish a new index version."""
     from sira.jobs import nightly as job
-    from sira.pipelines.tracking import TrackingConfig
+    from sira.pipelines.tracking.tracking import TrackingConfig
 
     _engine_logs(ctx, warehouse, verbose)
     summary = job.run(job.NightlyConfig(
@@ -604,7 +604,7 @@ def report(
 ):
     """Markdown report and plots: our variants per dataset (newest `sira run` each) beside published references."""
     from sira.jobs import report as job
-    from sira.pipelines.tracking import TrackingConfig
+    from sira.pipelines.tracking.tracking import TrackingConfig
 
     summary = job.run(job.ReportConfig(output_dir=str(output_dir), datasets=dataset or None,
                                        tracking=TrackingConfig(tracking_uri=tracking_uri, experiment=experiment)))
@@ -627,7 +627,7 @@ def proposals_export(
     output_json: Optional[Path] = OutputJson,
 ):
     """Write a warehouse's proposals (enrichment or expansions) to one Parquet file with the table's schema."""
-    from sira.pipelines.proposal_transfer import export_proposals
+    from sira.pipelines.enrichment.proposal_transfer import export_proposals
 
     summary = export_proposals(warehouse, output, table, model, prompt_version, include_errors)
     stdout.print(f"exported {summary['rows']} {table} rows to {output} "
@@ -644,7 +644,7 @@ def proposals_import(
 ):
     """Merge a Parquet export into a warehouse's proposals; rows for text the warehouse no longer holds are left
     out, and rows it already has are kept as they are."""
-    from sira.pipelines.proposal_transfer import import_proposals
+    from sira.pipelines.enrichment.proposal_transfer import import_proposals
 
     summary = import_proposals(warehouse, path, table)
     stdout.print(f"imported {summary['inserted']} {table} rows from {path}: {summary['already_present']} already "

@@ -9,13 +9,13 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from sira.pipelines.console import console, progress_bar
-from sira.pipelines.index_freshness import ensure_index
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.query_expansion import expand_queries
-from sira.pipelines.rerank import RerankConfig, rerank_run
-from sira.pipelines.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
-from sira.pipelines.shard_loader import load_query_path, load_searcher
+from sira.pipelines.tracking.console import console, progress_bar
+from sira.pipelines.index.freshness import ensure_index
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.query_expansion import expand_queries
+from sira.pipelines.enrichment.rerank import RerankConfig, rerank_run
+from sira.pipelines.tracking.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
+from sira.pipelines.serving.shard_loader import load_query_path, load_searcher
 from sira.core import tables
 from sira.core.datasets import resolve_dataset
 from sira.core.defaults import EvaluationParams, default_warehouse
@@ -175,7 +175,7 @@ def _answer_coverage(warehouse: str, run_hits: dict, answers: dict[str, list[str
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from sira.pipelines.delta_io import read_table
+    from sira.pipelines.storage.delta_io import read_table
     from sira.core.analysis import index_text
     from sira.core.metrics import answer_coverage
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field
 
-from sira.pipelines.console import console
+from sira.pipelines.tracking.console import console
 from sira.core.defaults import DFFilterParams, IndexBuildParams
 
 
@@ -31,7 +31,7 @@ class IndexConfig(DFFilterParams, IndexBuildParams):
 
 
 def run(cfg: IndexConfig, spark=None) -> dict:
-    from sira.pipelines.delta_io import table_exists
+    from sira.pipelines.storage.delta_io import table_exists
     from sira.pipelines.index.build import build_in_session
     from sira.pipelines.index.context import EnrichmentChoice, SegmentPolicy
     from sira.core import tables

@@ -21,14 +21,14 @@ from pydantic import ConfigDict, Field
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
-from sira.pipelines.console import console
-from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
-from sira.pipelines.index_freshness import fresh_or_build
-from sira.pipelines.ingest import IngestConfig
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.ray_enrich import COMMIT_EVERY
-from sira.pipelines.stages import StageFailed
-from sira.pipelines.tracking import Tracker, TrackingConfig
+from sira.pipelines.tracking.console import console
+from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
+from sira.pipelines.index.freshness import fresh_or_build
+from sira.pipelines.storage.ingest import IngestConfig
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.ray_enrich import COMMIT_EVERY
+from sira.pipelines.tracking.stages import StageFailed
+from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import DFFilterParams, IndexBuildParams
 
 
@@ -55,7 +55,7 @@ class NightlyConfig(DFFilterParams, IndexBuildParams):
 def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dict:
     from pyspark.sql import SparkSession
 
-    from sira.pipelines.spark_session import start_in_background, stop_started
+    from sira.pipelines.storage.spark_session import start_in_background, stop_started
 
     plain_first = cfg.backend.backend == "encoder" or not cfg.enrichment  # the encoder proposes from a plain index
     # The plain index step's Spark session starts while ingest runs (a caller's active session is used as is).
@@ -70,8 +70,8 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
 def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> dict:
     from pyspark.sql import SparkSession
 
-    from sira.pipelines.retention import expire_versions
-    from sira.pipelines.spark_session import start_in_background, stop_started
+    from sira.pipelines.index.retention import expire_versions
+    from sira.pipelines.storage.spark_session import start_in_background, stop_started
 
     tracker = Tracker(cfg.tracking, defer=True)  # MLflow loads once ingest is done (below)
     started = time.perf_counter()

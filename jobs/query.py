@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pydantic import ConfigDict, Field
 
-from sira.pipelines.console import console, progress_bar
-from sira.pipelines.delta_io import merge_rows, read_table, table_exists
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.warehouse_info import warehouse_task
+from sira.pipelines.tracking.console import console, progress_bar
+from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.storage.warehouse_info import warehouse_task
 from sira.core import tables
 from sira.core.datasets import iter_lines
 from sira.core.defaults import ExpansionParams
@@ -67,10 +67,11 @@ def read_queries(spec: str) -> dict[str, str]:
 
 
 def run(cfg: QueryConfig) -> dict:
-    from sira.pipelines.query_expansion import expand_queries
-    from sira.pipelines.ray_enrich import init_ray
-    from sira.pipelines.shard_actors import ShardActors, start_shard_actors
-    from sira.pipelines.shard_loader import find_index, load_query_path
+    from sira.pipelines.enrichment.query_expansion import expand_queries
+    from sira.pipelines.enrichment.ray_enrich import init_ray
+    from sira.pipelines.serving.shard_actors import ShardActors, start_shard_actors
+    from sira.pipelines.index.catalog import find_index
+    from sira.pipelines.serving.shard_loader import load_query_path
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
     queries = read_queries(cfg.queries)

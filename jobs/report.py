@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira.pipelines.tracking import TrackingConfig
+from sira.pipelines.tracking.tracking import TrackingConfig
 
 # Published nDCG@10 on BEIR test (the brief and ../shared/SIRA_REFERENCE.md); references, not our measurements.
 REFERENCES = {

@@ -17,13 +17,13 @@ from pydantic import ConfigDict, Field, model_validator
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import eval as eval_job
-from sira.pipelines.console import console, progress_bar
-from sira.pipelines.corpus_enrichment import EnrichConfig, log_failures
-from sira.pipelines.index_freshness import ensure_index, fresh_or_build
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.rerank import RerankConfig
-from sira.pipelines.stages import StageFailed
-from sira.pipelines.tracking import Tracker, TrackingConfig
+from sira.pipelines.tracking.console import console, progress_bar
+from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
+from sira.pipelines.index.freshness import ensure_index, fresh_or_build
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.rerank import RerankConfig
+from sira.pipelines.tracking.stages import StageFailed
+from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import EvaluationParams, default_warehouse
 from sira.core.rerank import RERANK_VARIANT
 
@@ -105,9 +105,9 @@ class RunConfig(EvaluationParams):
 
 def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
     """The stages this invocation will run (work already in the warehouse is skipped) and a rough duration."""
-    from sira.pipelines.delta_io import read_table, table_exists
-    from sira.pipelines.ray_enrich import docs_to_enrich
-    from sira.pipelines.shard_loader import IndexNotFound, find_index
+    from sira.pipelines.storage.delta_io import read_table, table_exists
+    from sira.pipelines.enrichment.ray_enrich import docs_to_enrich
+    from sira.pipelines.index.catalog import IndexNotFound, find_index
     from sira.core import tables
     from sira.core.enrichment import load_template, task_for_dataset
 
@@ -156,7 +156,7 @@ def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], 
 
 def _queries_to_expand(cfg: RunConfig, dataset_name: str, warehouse: str) -> int:
     """Queries of the split whose expansion is not cached yet (for this query-side proposer and prompt)."""
-    from sira.pipelines.query_expansion import cached_expansions, query_hash
+    from sira.pipelines.enrichment.expansion_cache import cached_expansions, query_hash
     from sira.core.datasets import DatasetNotFound, resolve_dataset
     from sira.core.enrichment import load_template, task_for_dataset
 
@@ -278,7 +278,7 @@ def variant_label(variant: str, summary: dict) -> str:
 def _enrichment_sample(warehouse: str, summary: dict, n: int = 50) -> list[dict]:
     import pyarrow.compute as pc
 
-    from sira.pipelines.delta_io import read_table
+    from sira.pipelines.storage.delta_io import read_table
     from sira.core import tables
 
     t = read_table(tables.table_uri(warehouse, tables.ENRICHMENT))

@@ -1,4 +1,4 @@
-"""`sira serve`: the online search API (pipelines/serve.py) over one published index version."""
+"""`sira serve`: the online search API (pipelines/serving/serve.py) over one published index version."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 from pydantic import ConfigDict, Field
 
-from sira.pipelines.console import console
-from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.tracking.console import console
+from sira.pipelines.enrichment.llm_backends import BackendConfig
 from sira.core.defaults import FOLLOW_POLL_S, ExpansionParams
 from sira.core.program import DEFAULT_W
 
@@ -55,8 +55,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(cfg: ServeConfig) -> None:
-    from sira.pipelines.serve import Limits, SearchService, build_app, serve_forever
-    from sira.pipelines.warehouse_info import warehouse_task
+    from sira.pipelines.serving.serve import Limits, SearchService, build_app, serve_forever
+    from sira.pipelines.storage.warehouse_info import warehouse_task
 
     limits = Limits(cfg.max_query_chars, cfg.max_k, cfg.max_concurrent, cfg.api_token())
     task = warehouse_task(cfg.warehouse, cfg.task)

@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from sira.pipelines.console import console
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.tracking import Tracker, TrackingConfig
+from sira.pipelines.tracking.console import console
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import IndexBuildParams
 
 SWEEPABLE = ("tau", "w", "n")

@@ -200,7 +200,7 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 
 class ShardIndex:
-    """One doc shard as plain arrays (in memory, or memory-mapped from sira.pipelines.shard_cache)."""
+    """One doc shard as plain arrays (in memory, or memory-mapped from sira.pipelines.serving.shard_cache)."""
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 `sira search`, `sira query`, `sira eval` and `sira serve` all go through QueryPath. They differ only in where the
 proposals come from (a batch dataflow, one online call, none) and in the Scorer that holds the index's shards:
-the in-process sira.core.search.Searcher, or shard actors queried scatter-gather (sira.pipelines.shard_actors).
+the in-process sira.core.search.Searcher, or shard actors queried scatter-gather (sira.pipelines.serving.shard_actors).
 """
 
 from __future__ import annotations

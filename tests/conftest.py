@@ -20,7 +20,7 @@ import pytest
 # The fake OpenAI-compatible server and its fixtures (fake_openai, fake_openai_server).
 pytest_plugins = ["fake_openai"]
 
-# Cached shards (sira.pipelines.shard_cache) go to a folder of this test session, never to ~/.cache; jobs started as
+# Cached shards (sira.pipelines.serving.shard_cache) go to a folder of this test session, never to ~/.cache; jobs started as
 # subprocesses inherit it.
 SHARD_CACHE = tempfile.mkdtemp(prefix="sira-shard-cache-")
 os.environ["SIRA_SHARD_CACHE"] = SHARD_CACHE
@@ -96,9 +96,9 @@ def require_local_model() -> None:
     """Skip unless the `local` extra (llama.cpp) and its packaged model are installed."""
     import importlib.util
 
-    from sira.pipelines import local_llm
+    from sira.pipelines.enrichment import local_llm
 
-    # find_spec, not importorskip: llama_cpp must first be imported after sira.pipelines.local_llm (OMP_WAIT_POLICY).
+    # find_spec, not importorskip: llama_cpp must first be imported after sira.pipelines.enrichment.local_llm (OMP_WAIT_POLICY).
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("the `local` extra is not installed")
     try:
@@ -115,7 +115,7 @@ def tiny_beir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
-    from sira.pipelines.spark_session import get_spark
+    from sira.pipelines.storage.spark_session import get_spark
 
     # One JVM serves the whole suite (~100 builds). A hash relation built for a broadcast join holds at least one
     # memory page (32 MB at this heap by default) until the ContextCleaner frees it after a GC of the plan that

@@ -32,9 +32,9 @@ import pytest
 from conftest import JOB_ENV, REPO, TINY_QUERIES
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.ray_enrich import ray_address
-from sira.pipelines.shard_loader import load_searcher
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.enrichment.ray_enrich import ray_address
+from sira.pipelines.serving.shard_loader import load_searcher
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import JOB_ENV, REPO
-from sira.pipelines import console as console_module
-from sira.pipelines.console import duration, progress_bar, progress_line
+from sira.pipelines.tracking import console as console_module
+from sira.pipelines.tracking.console import duration, progress_bar, progress_line
 
 # What the engines print on their own: Ray (Python and C++), Ray Data, Spark, Ivy, log4j, Python warnings.
 ENGINE_NOISE = ("core_worker", "WARN", "Warning", "Ivy", ":: resolving", "found io.delta", "log4j", "Token authentication",
@@ -48,7 +48,7 @@ def test_progress_bar_prints_periodic_lines_when_not_a_terminal(monkeypatch):
 ENGINE_SCRIPT = """
 import os, subprocess, sys, warnings
 from pathlib import Path
-from sira.pipelines.console import console, engine_logs
+from sira.pipelines.tracking.console import console, engine_logs
 path = None if sys.argv[1] == "-" else Path(sys.argv[1])
 with engine_logs(path):
     console.log("job line")

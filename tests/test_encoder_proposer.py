@@ -17,7 +17,7 @@ from sira.core.proposers import (EncoderProposerConfig, Vocabulary, nearest_entr
 
 @pytest.fixture(scope="module")
 def encoder():
-    from sira.pipelines.encoder_proposer import shared_encoder
+    from sira.pipelines.enrichment.encoder_proposer import shared_encoder
 
     return shared_encoder()
 
@@ -116,8 +116,8 @@ def encoder_warehouse(tmp_path_factory, tiny_beir, spark):
 @pytest.mark.integration
 def test_enrich_with_the_encoder_proposer_is_incremental(encoder_warehouse):
     from sira.jobs import enrich as enrich_job
-    from sira.pipelines.delta_io import read_table
-    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.storage.delta_io import read_table
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
 
     backend = BackendConfig(backend="encoder", encoder=EncoderProposerConfig(proposals=4, vocabulary_tau=0.5,
                                                                              min_similarity=0.0))
@@ -141,9 +141,9 @@ def test_enrich_with_the_encoder_proposer_is_incremental(encoder_warehouse):
 @pytest.mark.integration
 def test_vocabulary_cache_is_per_index_version(encoder_warehouse, spark):
     from sira.jobs import index as index_job
-    from sira.pipelines import encoder_proposer
-    from sira.pipelines.delta_io import read_table
-    from sira.pipelines.shard_loader import find_index
+    from sira.pipelines.enrichment import encoder_proposer
+    from sira.pipelines.storage.delta_io import read_table
+    from sira.pipelines.index.catalog import find_index
 
     cfg = EncoderProposerConfig(vocabulary_tau=0.5)
     v1 = find_index(encoder_warehouse, enriched=False)
@@ -176,8 +176,8 @@ def test_vocabulary_cache_is_per_index_version(encoder_warehouse, spark):
 @pytest.mark.integration
 def test_eval_both_sides_with_the_encoder_applies_the_df_filter_after_proposing(encoder_warehouse, tiny_beir):
     from sira.jobs import eval as eval_job
-    from sira.pipelines.delta_io import read_table
-    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.storage.delta_io import read_table
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
 
     # The vocabulary admits terms in up to 90% of the docs; the query-side filter (tau 0.15) then rejects the
     # common ones: the proposer proposes, the DF statistics decide.

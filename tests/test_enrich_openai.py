@@ -13,8 +13,8 @@ from conftest import TINY_DOCS, kill_when, start_job
 from fake_openai import POISON_MARKER, FakeOpenAI, document_of, keywords_for
 from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
-from sira.pipelines.delta_io import read_table, table_version
-from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.storage.delta_io import read_table, table_version
+from sira.pipelines.enrichment.llm_backends import BackendConfig
 from sira.core import tables
 from sira.core.enrichment import JSON_SCHEMA, document_input, load_template
 
@@ -28,7 +28,7 @@ DOC_INPUTS = {d["_id"]: document_input(d["title"], d["text"]) for d in TINY_DOCS
 @pytest.fixture(scope="session", autouse=True)
 def local_ray():
     """One local Ray for the session (the job's init_ray is idempotent, so every run reuses it)."""
-    from sira.pipelines.ray_enrich import init_ray
+    from sira.pipelines.enrichment.ray_enrich import init_ray
 
     init_ray()
     yield
@@ -287,7 +287,7 @@ def test_new_keys_are_appended_and_only_retries_of_errors_are_merged(tmp_path, f
 def test_a_job_compacts_its_small_files_as_it_goes_and_ends_with_a_checkpoint(tmp_path, fake_openai, monkeypatch):
     from deltalake import DeltaTable
 
-    from sira.pipelines import ray_enrich
+    from sira.pipelines.enrichment import ray_enrich
 
     monkeypatch.setattr(ray_enrich, "COMPACT_EVERY_COMMITS", 2)
     wh = make_warehouse(tmp_path)
@@ -324,7 +324,7 @@ def test_once_another_writer_has_committed_every_later_chunk_is_merged(tmp_path)
 
     import pyarrow as pa
 
-    from sira.pipelines.ray_enrich import REPLACES_ERROR, ProposalWriter, commit
+    from sira.pipelines.enrichment.ray_enrich import REPLACES_ERROR, ProposalWriter, commit
 
     def rows(doc_ids: list[str]) -> pa.Table:
         return pa.Table.from_pylist([

@@ -1,9 +1,9 @@
-"""The adaptive bound on requests in flight (sira.pipelines.llm_backends.InFlightWindow): grows while the server keeps up,
+"""The adaptive bound on requests in flight (sira.pipelines.enrichment.llm_backends.InFlightWindow): grows while the server keeps up,
 halves once a round when it pushes back, stays within [1, limit]. Pure asyncio, no server."""
 
 import asyncio
 
-from sira.pipelines.llm_backends import InFlightWindow
+from sira.pipelines.enrichment.llm_backends import InFlightWindow
 
 
 async def one_round(window: InFlightWindow, pushed_back: bool) -> int:

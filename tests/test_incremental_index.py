@@ -13,11 +13,12 @@ import pytest
 from conftest import TINY_DOCS, TINY_QUERIES, write_beir_folder
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.hit_details import version_injections
-from sira.pipelines.ray_enrich import commit
-from sira.pipelines import shard_loader
-from sira.pipelines.shard_loader import find_index, load_searcher, read_term_stats
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.serving.hit_details import version_injections
+from sira.pipelines.enrichment.ray_enrich import commit
+from sira.pipelines.serving import shard_loader
+from sira.pipelines.index.catalog import find_index
+from sira.pipelines.serving.shard_loader import load_searcher, read_term_stats
 from sira.core import tables
 from sira.core.hashing import term_id
 from test_index_enrichment import enrichment_rows
@@ -427,7 +428,7 @@ def test_the_change_feed_nets_several_nights_into_what_came_and_went(tmp_path, s
     """Three MERGEs after the base's docs version: what came and went is the net change, whatever happened in
     between (changed twice, changed back, deleted and re-inserted as it was, inserted and deleted)."""
     from sira.core.presets import get_preset
-    from sira.pipelines.delta_io import has_change_data
+    from sira.pipelines.storage.delta_io import has_change_data
     from sira.pipelines.index.build import start_build
     from sira.pipelines.index.changes import docs_changes
 

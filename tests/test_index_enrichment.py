@@ -8,10 +8,11 @@ import pytest
 
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
-from sira.pipelines.hit_details import version_injections
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.ray_enrich import commit
-from sira.pipelines.shard_loader import find_index, load_searcher
+from sira.pipelines.serving.hit_details import version_injections
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.enrichment.ray_enrich import commit
+from sira.pipelines.index.catalog import find_index
+from sira.pipelines.serving.shard_loader import load_searcher
 from sira.core import tables
 from sira.core.analysis import Analyzer
 from sira.core.memory_index import index_text

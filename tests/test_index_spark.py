@@ -5,8 +5,9 @@ from collections import Counter
 import pytest
 
 from sira.jobs import index as index_job
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.shard_loader import find_index, load_searcher, published_versions
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.index.catalog import find_index, published_versions
+from sira.pipelines.serving.shard_loader import load_searcher
 from sira.pipelines.index.context import replace_rows
 from sira.core.analysis import Analyzer
 from sira.core.memory_index import build_searcher, index_text

@@ -140,7 +140,7 @@ def pyspark_jars() -> Path:
 
 
 def resolves(dotted: str) -> bool:
-    """A module, or an attribute of one (`sira.pipelines.spark_session.get_spark`)."""
+    """A module, or an attribute of one (`sira.pipelines.storage.spark_session.get_spark`)."""
     parts = dotted.split(".")
     for n in range(len(parts), 0, -1):
         try:
@@ -250,7 +250,7 @@ def test_executable_invocations_parse_with_the_cli(monkeypatch):
 
 
 def test_backend_and_preset_values_exist():
-    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
     from sira.core.presets import PRESETS
 
     backends = set(typing.get_args(BackendConfig.model_fields["backend"].annotation))
@@ -282,7 +282,7 @@ def test_delta_coordinate_and_confs_are_the_ones_get_spark_uses():
     from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
-    from sira.pipelines.spark_session import DEFAULT_CONF
+    from sira.pipelines.storage.spark_session import DEFAULT_CONF
 
     expected = configure_spark_with_delta_pip(SparkSession.builder)._options["spark.jars.packages"]
     assert expected == f"io.delta:delta-spark_{'.'.join(metadata.version('pyspark').split('.')[:2])}_2.13:" \
@@ -389,5 +389,5 @@ def test_dag_chains_the_nightly_and_a_serve_health_check():
     strings = python_strings(source)
     lock = re.search(r"flock -n (\S+) sira nightly", cron_command).group(1)
     assert any(f"flock -n {lock} sira nightly" in s for s in strings), "DAG and crontab must share the lock"
-    serve_routes = (ROOT / "pipelines" / "serve.py").read_text(encoding="utf-8")
+    serve_routes = (ROOT / "pipelines" / "serving" / "serve.py").read_text(encoding="utf-8")
     assert 'add_get("/health"' in serve_routes and any("/health" in s and "curl -f" in s for s in strings)

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sira.jobs.ingest import IngestConfig, run
-from sira.pipelines.ingest import content_hash
-from sira.pipelines.delta_io import read_table
+from sira.pipelines.storage.ingest import content_hash
+from sira.pipelines.storage.delta_io import read_table
 from sira.core.datasets import DatasetNotFound, resolve_beir, resolve_corpus
 
 
@@ -49,7 +49,7 @@ def test_bad_records_are_rejected_with_their_reason_and_nothing_is_lost(tmp_path
 
 def test_repeated_ids_are_found_across_flushes_and_buckets_as_a_dict_would(tmp_path, monkeypatch):
     import numpy as np
-    from sira.pipelines import ingest
+    from sira.pipelines.storage import ingest
 
     monkeypatch.setattr(ingest._DuplicateIds, "FLUSH_RECORDS", 97)  # many flushes, each bucket in many pieces
     rng = np.random.default_rng(3)
@@ -164,7 +164,7 @@ def test_merge_refuses_a_snapshot_that_would_empty_the_corpus(tmp_path):
 
 
 def test_a_merge_makes_the_table_equal_the_snapshot_and_keeps_unchanged_rows(tmp_path, monkeypatch):
-    import sira.pipelines.ingest as ingest_module
+    import sira.pipelines.storage.ingest as ingest_module
 
     monkeypatch.setattr(ingest_module, "MERGE_BATCH_ROWS", 4)  # several batches meet the table's keys
     wh = str(tmp_path / "wh")
@@ -186,7 +186,7 @@ def test_a_merge_makes_the_table_equal_the_snapshot_and_keeps_unchanged_rows(tmp
 
 
 def test_a_merge_keeps_the_first_of_repeated_ids_whichever_of_them_changed(tmp_path, monkeypatch):
-    import sira.pipelines.ingest as ingest_module
+    import sira.pipelines.storage.ingest as ingest_module
 
     # Only new or changed rows are spooled between the passes: a repeat's first record may be unchanged (not
     # spooled) while the repeat differs (spooled), or the other way round; the first record wins either way.
@@ -213,7 +213,7 @@ def test_the_prompt_task_is_recorded_at_ingest_never_guessed_from_the_warehouse_
     from pydantic import ValidationError
 
     from conftest import write_beir_folder
-    from sira.pipelines.warehouse_info import warehouse_task
+    from sira.pipelines.storage.warehouse_info import warehouse_task
 
     corpus = write_lines(tmp_path / "corpus.jsonl", [json.dumps({"_id": "1", "text": "a document"}).encode()])
     named_like_a_dataset = str(tmp_path / "warehouses" / "scifact")
@@ -238,7 +238,7 @@ def test_a_merge_records_its_changes_in_the_change_data_feed_even_on_a_table_mad
     its next MERGE, and the feed then holds exactly the rows that changed."""
     from deltalake import DeltaTable, write_deltalake
 
-    from sira.pipelines.delta_io import CHANGE_DATA_FEED, has_change_data, row_count
+    from sira.pipelines.storage.delta_io import CHANGE_DATA_FEED, has_change_data, row_count
 
     wh = str(tmp_path / "wh")
     docs = [json.dumps({"_id": str(i), "text": f"document {i}"}).encode() for i in range(4)]

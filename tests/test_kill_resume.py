@@ -21,10 +21,11 @@ from conftest import TINY_DOCS, TINY_QUERIES, kill_when, start_job, write_beir_f
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
 from sira.jobs import query as query_job
-from sira.pipelines.delta_io import read_table, table_version
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.ray_enrich import commit
-from sira.pipelines.shard_loader import IndexNotFound, find_index, load_searcher, published_versions
+from sira.pipelines.storage.delta_io import read_table, table_version
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.ray_enrich import commit
+from sira.pipelines.index.catalog import IndexNotFound, find_index, published_versions
+from sira.pipelines.serving.shard_loader import load_searcher
 from sira.core import tables
 from test_index_enrichment import enrichment_rows
 

@@ -111,9 +111,18 @@ def test_the_wheel_installs_beside_another_pipelines_package(tmp_path):
         return subprocess.run([*args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
 
     assert "Usage: sira" in run(str(venv / "bin" / "sira"), "--help")
-    check = ("import pipelines, sira.core, sira.pipelines.serve, sira.jobs.cli; "
+    check = ("import pipelines, sira.core, sira.pipelines.serving.serve, sira.jobs.cli; "
              "print(pipelines.OWNER); print(sira.core.__file__); print(sira.core.get_preset('sira').name)")
     owner, core_file, preset = run(str(python), "-c", check).splitlines()
     assert owner == "another project" and core_file.startswith(str(site)) and preset == "sira"
     # Package data travels in the wheel: stopwords, prompts and the web page.
-    assert (site / "sira" / "core" / "resources").is_dir() and (site / "sira" / "pipelines" / "web" / "index.html").exists()
+    assert (site / "sira" / "core" / "resources").is_dir()
+    assert (site / "sira" / "pipelines" / "serving" / "web" / "index.html").exists()
+
+
+def test_serving_loads_no_enrichment_dataflow():
+    """`sira serve` answers queries: the Ray Data enrichment job's code (and Ray Data) is not its to load."""
+    check = ("import sys, sira.pipelines.serving.serve; print(sorted(m for m in sys.modules if m.startswith(("
+             "'sira.pipelines.enrichment.ray_enrich', 'sira.pipelines.enrichment.query_expansion', 'ray.data'))))")
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=REPO, check=True, capture_output=True, text=True)
+    assert loaded.stdout.strip() == "[]"

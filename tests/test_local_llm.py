@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import require_local_model
-from sira.pipelines import local_llm
-from sira.pipelines.llm_backends import OUTPUT_COLUMNS, BackendConfig
+from sira.pipelines.enrichment import local_llm
+from sira.pipelines.enrichment.llm_backends import OUTPUT_COLUMNS, BackendConfig
 from sira.core.enrichment import document_input, load_template, parse_phrases
 
 
@@ -179,7 +179,7 @@ def test_local_stage_runs_one_single_thread_engine_per_core(monkeypatch):
     """The Ray stage's layout: with concurrency unset, one actor per Ray CPU, each told to use one thread."""
     import ray
 
-    from sira.pipelines import llm_backends
+    from sira.pipelines.enrichment import llm_backends
 
     seen = {}
 

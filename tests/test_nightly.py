@@ -17,11 +17,12 @@ from conftest import TINY_DOCS
 from fake_openai import document_of
 from sira.jobs import cli
 from sira.jobs import nightly as nightly_job
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.retention import expire_versions, expired_versions
-from sira.pipelines.shard_loader import IndexNotFound, find_index, load_searcher, published_versions
-from sira.pipelines.tracking import TrackingConfig
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.index.retention import expire_versions, expired_versions
+from sira.pipelines.index.catalog import IndexNotFound, find_index, published_versions
+from sira.pipelines.serving.shard_loader import load_searcher
+from sira.pipelines.tracking.tracking import TrackingConfig
 from sira.core import tables
 from sira.core.enrichment import document_input
 
@@ -39,7 +40,7 @@ def snapshot(path: Path, docs) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    from sira.pipelines.ray_enrich import init_ray
+    from sira.pipelines.enrichment.ray_enrich import init_ray
 
     init_ray()
 
@@ -126,7 +127,7 @@ def test_term_stats_rows_go_with_the_last_version_that_sums_them(tmp_path):
     outlive their versions while 3 sums them, and go with 3."""
     import pyarrow as pa
 
-    from sira.pipelines.delta_io import write_table
+    from sira.pipelines.storage.delta_io import write_table
 
     wh = str(tmp_path / "wh")
     now = datetime(2026, 12, 1, tzinfo=timezone.utc)
@@ -165,7 +166,7 @@ def test_a_following_server_switches_versions_under_load_without_errors(tmp_path
     answer comes whole from one version, and it switches to the new one without downtime."""
     from sira.jobs import index as index_job
     from sira.jobs import ingest as ingest_job
-    from sira.pipelines.serve import Limits, SearchService, build_app
+    from sira.pipelines.serving.serve import Limits, SearchService, build_app
     from test_serve import RunningServer, call
 
     wh = str(tmp_path / "wh")

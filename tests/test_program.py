@@ -67,7 +67,7 @@ def test_constraint_of_only_stopwords_is_a_clear_error(searcher):
 
 
 def test_the_expansion_weight_is_the_given_one_else_the_proposers_own():
-    from sira.pipelines.backend_config import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
     from sira.core.program import DEFAULT_W
     from sira.core.proposers import ENCODER_DEFAULT_W
 

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sira.jobs.cli import app
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.proposal_transfer import export_proposals, import_proposals
-from sira.pipelines.ray_enrich import commit
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.enrichment.proposal_transfer import export_proposals, import_proposals
+from sira.pipelines.enrichment.ray_enrich import commit
 from sira.core import tables
 
 

@@ -8,9 +8,9 @@ import pytest
 from sira.jobs import eval as eval_job
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.ray_enrich import commit
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.ray_enrich import commit
 from test_index_enrichment import enrichment_rows
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ def test_sira_variant_validates_against_the_enriched_index(warehouse, tiny_beir,
 
 def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_openai, tmp_path, spark):
     from sira.jobs import query as query_job
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.serving.shard_loader import load_searcher
 
     # A query text of its own: expansions are cached by text, and other tests expand "heart attack risk".
     fake_openai.answers = {"heart attack prevention": ["myocardial infarction"]}

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import TINY_DOCS
 from sira.jobs.ingest import IngestConfig, run
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.ingest import content_hash
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.storage.ingest import content_hash
 from sira.core import tables
 from sira.core.datasets import MAX_ID_CHARS, RawRecord, RecordError, iter_lines, parse_record
 from test_ingest import BAD_CORPUS, write_lines
@@ -120,7 +120,7 @@ def test_every_bad_kind_in_one_file_is_counted_and_kept_with_its_reason(tmp_path
 
 def test_a_10_mb_document_is_kept_whole_and_indexed_whole(tmp_path, spark):
     from sira.jobs import index as index_job
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.serving.shard_loader import load_searcher
     from sira.core.analysis import Analyzer
     from sira.core.presets import get_preset
 

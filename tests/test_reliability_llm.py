@@ -16,9 +16,9 @@ import pytest
 from conftest import TINY_DOCS
 from fake_openai import FakeOpenAI, document_of, keywords_for
 from sira.jobs import enrich as enrich_job
-from sira.pipelines.hit_details import version_injections
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.llm_backends import BackendConfig
+from sira.pipelines.serving.hit_details import version_injections
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.enrichment.llm_backends import BackendConfig
 from sira.core import tables
 from sira.core.enrichment import MAX_PHRASE_CHARS, MAX_PHRASES, document_input, load_template
 from test_enrich_openai import MODEL, assert_one_row_per_key, enrichment_rows, local_ray, make_warehouse  # noqa: F401
@@ -84,7 +84,8 @@ QUERIES = {"q1": "heart attack risk", "q2": "insulin and blood glucose", "q3": "
 
 @pytest.mark.parametrize("fault", ["down", "http500", "timeout"])
 def test_query_expansion_faults_fall_back_to_the_plain_query_and_a_rerun_expands_them(tmp_path, fake_openai, fault):
-    from sira.pipelines.query_expansion import expand_queries, query_hash
+    from sira.pipelines.enrichment.query_expansion import expand_queries
+    from sira.pipelines.enrichment.expansion_cache import query_hash
     from sira.core.analysis import Analyzer
     from sira.core.presets import get_preset
     from sira.core.program import expansion_program
@@ -118,7 +119,7 @@ def test_query_expansion_faults_fall_back_to_the_plain_query_and_a_rerun_expands
 
 @pytest.mark.parametrize("fault", ["down", "timeout", "junk"])
 def test_online_expansion_faults_give_no_phrases_and_a_clear_error(tmp_path, fake_openai, fault):
-    from sira.pipelines.online_proposer import propose_once
+    from sira.pipelines.serving.online_proposer import propose_once
 
     url, port = dead_base_url() if fault == "down" else (fake_openai.base_url, None)
     fake_openai.reset("slow" if fault == "timeout" else "junk")
@@ -204,7 +205,8 @@ INJECTED = [IGNORE, BREAKOUT, FAKE_ANSWER]
 
 def test_instructions_inside_a_document_stay_its_data_and_touch_only_its_own_row(tmp_path, fake_openai, spark):
     from sira.jobs import index as index_job
-    from sira.pipelines.shard_loader import find_index, load_searcher
+    from sira.pipelines.index.catalog import find_index
+    from sira.pipelines.serving.shard_loader import load_searcher
 
     wh = make_warehouse(tmp_path, [*TINY_DOCS, *INJECTED])
     # A model that obeys whatever the document tells it (the worst case).

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from conftest import TINY_DOCS, require_local_model
 from sira.jobs import ingest as ingest_job
 from sira.jobs import run as run_job
-from sira.pipelines.delta_io import read_table
-from sira.pipelines.rerank import RerankConfig, judge_backend, rerank_run
+from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.enrichment.rerank import RerankConfig, judge_backend, rerank_run
 from sira.core import tables
 from sira.core.enrichment import document_input
 from sira.core.rerank import load_rerank_template, parse_score, render_judgment, rerank_order
@@ -198,8 +198,8 @@ def test_sira_run_opts_in_logs_the_cost_and_labels_it_not_single_call(tmp_path, 
     from typer.testing import CliRunner
 
     from sira.jobs.cli import app
-    from sira.pipelines.llm_backends import BackendConfig
-    from sira.pipelines.tracking import TrackingConfig
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.tracking.tracking import TrackingConfig
 
     fake_openai.reset("rerank")
     fake_openai.rerank_scores = {"heart": 90}
@@ -252,7 +252,7 @@ def test_sira_run_opts_in_logs_the_cost_and_labels_it_not_single_call(tmp_path, 
 
 @pytest.mark.integration
 def test_local_model_judges_real_pairs(warehouse):
-    from sira.pipelines import local_llm
+    from sira.pipelines.enrichment import local_llm
 
     require_local_model()
     # Three judgments: the query's passage, an off-topic one, and a related one.

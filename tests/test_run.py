@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.tracking import TrackingConfig, flatten, metric_name
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.tracking.tracking import TrackingConfig, flatten, metric_name
 from sira.core.proposers import EncoderProposerConfig
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,7 @@ def enrich_calls():
 @pytest.fixture(scope="module")
 def first_run(run_cfg, spark, enrich_calls):
     from sira.jobs import run as run_job
-    from sira.pipelines import corpus_enrichment
+    from sira.pipelines.enrichment import corpus_enrichment
 
     enrich_corpus = corpus_enrichment.enrich_corpus
     with pytest.MonkeyPatch.context() as patch:  # every caller imports it when called: each call is counted
@@ -96,7 +96,7 @@ def test_run_asks_for_enrichment_once_for_every_variant(first_run, enrich_calls)
 
 def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
     from sira.jobs import run as run_job
-    from sira.pipelines.shard_loader import published_versions
+    from sira.pipelines.index.catalog import published_versions
 
     versions = len(published_versions(run_cfg.warehouse))
     stages, _ = run_job.plan(run_cfg, "tiny", run_cfg.warehouse)

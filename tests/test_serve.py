@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from conftest import TINY_DOCS, TINY_QUERIES
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.query_expansion import query_hash
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.expansion_cache import query_hash
 from sira.core import tables
 from sira.core.enrichment import load_template
 from sira.core.program import RetrievalProgram
@@ -41,7 +41,7 @@ class RunningServer:
     """An app served from a background event loop on an ephemeral loopback port."""
 
     def __init__(self, app):
-        from sira.pipelines.serve import start_site
+        from sira.pipelines.serving.serve import start_site
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="sira-serve-test", daemon=True)
@@ -58,7 +58,7 @@ class RunningServer:
 def warehouse(tmp_path_factory, tiny_beir, spark):
     from sira.jobs import index as index_job
     from sira.jobs import ingest as ingest_job
-    from sira.pipelines.ray_enrich import commit
+    from sira.pipelines.enrichment.ray_enrich import commit
 
     wh = str(tmp_path_factory.mktemp("serve") / "tiny")
     ingest_job.run(ingest_job.IngestConfig(source=str(tiny_beir), warehouse=wh))
@@ -75,7 +75,7 @@ def warehouse(tmp_path_factory, tiny_beir, spark):
 
 @pytest.fixture(scope="module")
 def searcher(warehouse):
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.serving.shard_loader import load_searcher
 
     return load_searcher(warehouse)[0]
 
@@ -84,9 +84,9 @@ def searcher(warehouse):
 def actors(warehouse):
     import ray
 
-    from sira.pipelines.ray_enrich import init_ray
-    from sira.pipelines.shard_actors import start_shard_actors
-    from sira.pipelines.shard_loader import find_index
+    from sira.pipelines.enrichment.ray_enrich import init_ray
+    from sira.pipelines.serving.shard_actors import start_shard_actors
+    from sira.pipelines.index.catalog import find_index
 
     init_ray()
     started = start_shard_actors(warehouse, find_index(warehouse))
@@ -96,7 +96,7 @@ def actors(warehouse):
 
 
 def serve(warehouse, actors, limits, **service_kwargs) -> RunningServer:
-    from sira.pipelines.serve import SearchService, build_app
+    from sira.pipelines.serving.serve import SearchService, build_app
 
     return RunningServer(build_app(SearchService.start(warehouse, actors=actors, **service_kwargs), limits))
 
@@ -104,7 +104,7 @@ def serve(warehouse, actors, limits, **service_kwargs) -> RunningServer:
 @pytest.fixture(scope="module")
 def plain(warehouse, actors):
     """No token, no expansion backend, small query limit."""
-    from sira.pipelines.serve import Limits
+    from sira.pipelines.serving.serve import Limits
 
     server = serve(warehouse, actors, Limits(max_query_chars=200, max_k=50, max_concurrent=32))
     yield server.url
@@ -114,7 +114,7 @@ def plain(warehouse, actors):
 @pytest.fixture(scope="module")
 def guarded(warehouse, actors, fake_openai_server):
     """A bearer token, the fake OpenAI server as proposer, and room for only two searches in flight."""
-    from sira.pipelines.serve import Limits
+    from sira.pipelines.serving.serve import Limits
 
     backend = BackendConfig(backend="openai", model="fake-llm", base_url=fake_openai_server.base_url, timeout_s=5,
                             max_retries=1, retry_base_s=0.01)

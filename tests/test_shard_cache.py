@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sira.pipelines import shard_cache
-from sira.pipelines.shard_cache import cached_shard, shard_dir
+from sira.pipelines.serving import shard_cache
+from sira.pipelines.serving.shard_cache import cached_shard, shard_dir
 from sira.core.analysis import AnalyzerConfig
 from sira.core.memory_index import build_searcher
 from sira.core.presets import BM25Params, IndexPreset
@@ -89,7 +89,7 @@ def test_a_writer_killed_mid_write_leaves_nothing_that_is_served(tmp_path, refer
     script = textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from sira.pipelines import shard_cache
+        from sira.pipelines.serving import shard_cache
         from sira.core.memory_index import build_searcher
         from tests.test_shard_cache import DOCS, PRESET, MANIFEST
         searcher = build_searcher(DOCS, PRESET, num_shards=2)

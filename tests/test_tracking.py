@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sira.pipelines.tracking import Tracker, TrackingConfig
+from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 
 
 @pytest.fixture
@@ -100,6 +100,6 @@ def test_a_deferred_tracker_loads_mlflow_only_when_asked_and_still_records_every
 def test_a_deferred_tracker_that_never_ran_lets_the_process_exit(tracking, tmp_path):
     # Nothing waits on the worker before connect(): an interpreter that never connected exits at once.
     script = tmp_path / "never.py"
-    script.write_text("from sira.pipelines.tracking import Tracker, TrackingConfig\n"
+    script.write_text("from sira.pipelines.tracking.tracking import Tracker, TrackingConfig\n"
                       f"Tracker(TrackingConfig(tracking_uri={tracking.tracking_uri!r}), defer=True)\n")
     subprocess.run([sys.executable, str(script)], check=True, timeout=60)

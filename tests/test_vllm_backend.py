@@ -3,7 +3,8 @@ the `gpu` extra on a GPU worker (marker `gpu`, never run in CI)."""
 
 import pytest
 
-from sira.pipelines.llm_backends import BackendConfig, vllm_postprocess, vllm_processor_config, vllm_sampling_params
+from sira.pipelines.enrichment.llm_backends import (BackendConfig, vllm_postprocess, vllm_processor_config,
+                                                    vllm_sampling_params)
 from sira.core.enrichment import JSON_SCHEMA
 
 
@@ -40,7 +41,7 @@ def test_vllm_backend_needs_a_model_name():
 
 
 def test_sampling_kwargs_reach_vllm_and_openai_and_are_refused_where_nothing_reads_them():
-    from sira.pipelines.llm_backends import openai_request
+    from sira.pipelines.enrichment.llm_backends import openai_request
 
     fixed = {"ignore_eos": True, "min_tokens": 64, "max_tokens": 64}
     params = vllm_sampling_params(BackendConfig(backend="vllm", model="m", structured_output=False,

@@ -61,9 +61,9 @@ def call(url: str, path: str, body=None, token: str | None = TOKEN, accept: str 
 
 
 def _commit_proposals(warehouse: str) -> None:
-    from sira.pipelines.delta_io import read_table
-    from sira.pipelines.query_expansion import query_hash
-    from sira.pipelines.ray_enrich import commit
+    from sira.pipelines.storage.delta_io import read_table
+    from sira.pipelines.enrichment.expansion_cache import query_hash
+    from sira.pipelines.enrichment.ray_enrich import commit
     from sira.core import tables
     from sira.core.enrichment import load_template
 
@@ -88,7 +88,7 @@ def evaluated(tmp_path_factory, spark, fake_openai_server):
     same index, the cached expansions): (warehouse, dataset folder, {variant: eval summary}). One index build."""
     from sira.jobs import eval as eval_job
     from sira.jobs import ingest as ingest_job
-    from sira.pipelines.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.llm_backends import BackendConfig
 
     root = tmp_path_factory.mktemp("web")
     data = write_beir_folder(root / "data" / "tiny", docs=TINY_DOCS + [MARKUP_DOC])
@@ -171,7 +171,7 @@ def test_json_endpoints_need_the_token(server, evaluated):
 
 
 def test_search_explains_each_hit_like_the_searcher(server, evaluated):
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.serving.shard_loader import load_searcher
     from sira.core.program import RetrievalProgram
 
     searcher, manifest = load_searcher(evaluated[0])
@@ -196,7 +196,7 @@ def test_search_explains_each_hit_like_the_searcher(server, evaluated):
 
 
 def test_expansion_with_its_weight_told_apart_from_the_original_part(server, evaluated):
-    from sira.pipelines.shard_loader import load_searcher
+    from sira.pipelines.serving.shard_loader import load_searcher
     from sira.core.program import RetrievalProgram
 
     searcher, _ = load_searcher(evaluated[0])

@@ -2,7 +2,7 @@
 
 spark-submit needs a Python file, not a console script. This one runs the CLI's own `index` command, on the
 session the cluster manager configured: it creates that session first (master, --conf, --packages as given to
-spark-submit), so `sira.pipelines.spark_session.get_spark` finds it through getOrCreate instead of starting a local[*]
+spark-submit), so `sira.pipelines.storage.spark_session.get_spark` finds it through getOrCreate instead of starting a local[*]
 one, and `sira.jobs.index` leaves it for spark-submit to stop (Databricks forbids stopping its session).
 Arguments are those of `sira index`:  spark-submit ... sira_index_main.py --warehouse s3a://... --shards 64
 """

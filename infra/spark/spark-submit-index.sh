@@ -14,7 +14,7 @@ set -euo pipefail
 : "${SIRA_WAREHOUSE:?set SIRA_WAREHOUSE (a path every node sees, or s3a://bucket/prefix)}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-# The coordinate sira.pipelines.spark_session.get_spark asks for (delta-spark 4.4.0 for pyspark 4.2.0); under
+# The coordinate sira.pipelines.storage.spark_session.get_spark asks for (delta-spark 4.4.0 for pyspark 4.2.0); under
 # spark-submit the JVM is already up when Python runs, so spark-submit must fetch the jars itself.
 packages="io.delta:delta-spark_4.2_2.13:4.4.0"
 # Static settings: too late once the session exists, so they go on the command line.

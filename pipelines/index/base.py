@@ -12,7 +12,7 @@ from sira.pipelines.index.context import Build, INJECTED_COLUMNS, maybe_broadcas
 
 def find_base(b: Build) -> dict | None:
     """The newest published version this build can extend: same layout, analyzer, shards and enrichment choice."""
-    from sira.pipelines.shard_loader import published_versions
+    from sira.pipelines.index.catalog import published_versions
 
     e = b.enrichment
     for row in reversed(published_versions(b.warehouse)):

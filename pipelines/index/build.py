@@ -1,5 +1,41 @@
-"""One index build, step by step (`build_index`), from its start to its publish (sira.pipelines.index says what
-each step does)."""
+"""The Spark index build: docs (+ the corpus-side enrichment) -> one published index version, incrementally.
+
+An index version (layout 2, see sira.core.tables) is a list of immutable segments minus the version's tombstones,
+with its own term statistics. One build (`build_index`) runs these steps, each a function below, and reports the
+seconds of each (`step_seconds`: changes, analysis, original df, injections, segment plan, segment, term statistics,
+tombstones and injections, publish):
+
+0. `docs_changes`: on top of a base, the documents whose content came or went since the docs version the base was
+   built from, read from the docs table's change data feed (what the night's MERGE changed): with them, the steps
+   below touch the night's documents, not a scan of the whole corpus. Without a usable feed (not enabled, a
+   rewrite in between) they compare the whole table with the kept analyses and the base instead.
+1. `analyse_documents`: documents with no kept analysis for this analyzer are analysed (BatchAnalyzer inside
+   mapInArrow); their new terms go to `term_dictionary` first, then the analysis to `doc_analysis`. A night
+   analyses only what is new or changed, and also what went, from the texts its change feed holds.
+2. `analyse_phrases` (enriched): the same for the DF-independent checks of each document's enrichment phrases.
+3. `original_df`: DF in the original corpus (the corpus-side DF rule and `term_stats.df`).
+4. `decide_injections` (enriched): the DF rule over every candidate phrase; each doc's injected terms and key. A
+   night (`incremental_injections`) decides again only the documents whose decisions can change: content that
+   came, enrichment rows that came or went, a candidate term that crossed the DF limit. The decisions are kept
+   with the segment their document enters (`segment_injections`).
+5. `plan_segments`: against the base (the newest published version of the same kind), the documents that leave
+   (tombstones) and those that enter a new segment. A build that would leave more than SegmentPolicy.max_segments
+   segments merges the small ones into its new segment: their live documents enter it as they are (analysis,
+   injections and decisions carried, no statistic moves) and those segments leave the version, as Lucene's
+   tiered merges do; when that leaves too many dead documents, every segment merges (a compaction that decides
+   nothing again). A full build (one segment with every document, from the kept analysis, every decision made
+   again) when there is no base, or when asked (`--full`).
+6. `write_segment`: doc ordinals (doc-id order per shard), `segment_docs`, and postings inverted per block of
+   POSTINGS_BLOCK_DOCS ordinals in Python (applyInArrow): no row, task or Python call holds a posting list
+   longer than a block, however common the term.
+7. `term_statistics`: df, df_enriched, cf; incrementally only what entered minus what left, as rows that readers
+   add to the base's (up to SegmentPolicy.max_term_stats_versions builds, then whole again).
+8. `publish`: the corpus_stats row, last: readers only see versions that have it. Every data row of a version
+   is keyed by it (or by its new segment), and a rerun of a killed build replaces them (`replaceWhere`).
+
+The published index equals a full rebuild's (tests/test_incremental_index.py compares the tables, term statistics
+summed as readers sum them, and rankings).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +46,7 @@ from pyspark.sql import SparkSession
 
 from sira.core import tables
 from sira.core.presets import IndexPreset
-from sira.pipelines.delta_io import read_table, table_exists, table_version
+from sira.pipelines.storage.delta_io import read_table, table_exists, table_version
 from sira.pipelines.index.base import find_base
 from sira.pipelines.index.changes import STALE_ANALYSIS_FRACTION, analyse_documents, compact_analysis, docs_changes
 from sira.pipelines.index.context import (Build, EnrichmentChoice, SegmentPolicy, maybe_broadcast, no_enrichment,
@@ -133,7 +169,7 @@ def build_in_session(warehouse: str, preset_name: str, shards: int, spark_master
                      log=print, spark: SparkSession | None = None) -> dict:
     """`build_index` in `spark`, the active session, or a session of its own (stopped after: a caller's or a test's
     session stays up); its row with `built_at` as ISO text."""
-    from sira.pipelines.spark_session import get_spark
+    from sira.pipelines.storage.spark_session import get_spark
     from sira.core.presets import get_preset
 
     preset = get_preset(preset_name)  # fail on a bad preset before starting a JVM

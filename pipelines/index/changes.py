@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
 from sira.core import tables
-from sira.pipelines.delta_io import has_change_data, row_count, table_exists, table_version
+from sira.pipelines.storage.delta_io import has_change_data, row_count, table_exists, table_version
 from sira.pipelines.index.context import (ANALYSIS_ROWS_PER_FILE, BROADCAST_ROWS, Build, MissingAnalysis,
                                           TERM_ROWS_PER_FILE, TermIdCollision, maybe_broadcast, in_files, spark_ddl,
                                           without_fields)

@@ -19,7 +19,7 @@ from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU
 from sira.core.hashing import TERM_ID_SCHEME
 from sira.core.presets import IndexPreset
-from sira.pipelines.delta_io import table_version
+from sira.pipelines.storage.delta_io import table_version
 
 
 class TermIdCollision(RuntimeError):

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sira.core import tables
-from sira.pipelines.delta_io import changed_data_files, read_data_files, table_version
+from sira.pipelines.storage.delta_io import changed_data_files, read_data_files, table_version
 from sira.pipelines.index.base import base_df_of, base_term_stats, live_docs, read_live_docs
 from sira.pipelines.index.changes import (Changes, analyse_documents, analyse_phrases, analysis_of, enrichment_phrases,
                                           require_analysis, term_counts)

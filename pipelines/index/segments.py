@@ -230,7 +230,7 @@ def write_tombstones(b: Build, plan: SegmentPlan) -> int:
 
 def write_injections(b: Build, injections: DataFrame) -> int:
     """What the DF rule decided for every candidate phrase of the documents entering the new segment
-    (sira.pipelines.hit_details reads it back)."""
+    (sira.pipelines.serving.hit_details reads it back)."""
     rows = injections.select(F.lit(b.version).cast("long").alias("segment"),
                              *tables.SEGMENT_INJECTIONS_SCHEMA.names[1:])
     return replace_rows(rows, b.uri(tables.SEGMENT_INJECTIONS), "segment", b.version, ["segment"])

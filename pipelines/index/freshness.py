@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from sira.pipelines.delta_io import table_version
-from sira.pipelines.ingest import IngestConfig, Progress, ingest
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.shard_loader import IndexNotFound, find_index
+from sira.pipelines.storage.delta_io import table_version
+from sira.pipelines.storage.ingest import IngestConfig, Progress, ingest
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.index.catalog import IndexNotFound, find_index
 from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU
 
@@ -22,7 +22,7 @@ def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, sp
                  task: str | None = None, *, log: Callable[[str], None], progress: Progress) -> dict:
     """The newest index of `preset` built from the current docs (and enrichment) tables; ingests, enriches
     (incrementally, with `doc_backend`) and indexes what is missing or stale."""
-    from sira.pipelines.corpus_enrichment import EnrichConfig, enrich_corpus, log_failures
+    from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, enrich_corpus, log_failures
 
     docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
     if docs_version is None:

@@ -1,5 +1,5 @@
-"""How to reach an LLM (BackendConfig), shared by the backends' stages (sira.pipelines.llm_backends) and the embedded
-engine (sira.pipelines.local_llm), which neither imports the other through it."""
+"""How to reach an LLM (BackendConfig), shared by the backends' stages (sira.pipelines.enrichment.llm_backends) and the embedded
+engine (sira.pipelines.enrichment.local_llm), which neither imports the other through it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sira.pipelines.local_prompts import DEFAULT_LOCAL_MODEL, layout_version
+from sira.pipelines.enrichment.local_prompts import DEFAULT_LOCAL_MODEL, layout_version
 from sira.core.defaults import DEFAULT_OPENAI_BASE_URL
 from sira.core.proposers import EncoderProposerConfig
 
@@ -67,7 +67,7 @@ class BackendConfig(BaseModel):
     def model_id(self) -> str:
         """The model name recorded in the enrichment key."""
         if self.backend == "encoder":
-            from sira.pipelines.encoder import ENCODER_NAME
+            from sira.pipelines.enrichment.encoder import ENCODER_NAME
 
             return f"encoder:{ENCODER_NAME}"
         if self.model:
@@ -90,7 +90,7 @@ class BackendConfig(BaseModel):
     def proposal_version(self, template_version: str) -> str:
         """What keys a proposal besides the model: the prompt's version, or the encoder settings' hash."""
         if self.backend == "encoder":
-            from sira.pipelines.encoder import ENCODER_NAME
+            from sira.pipelines.enrichment.encoder import ENCODER_NAME
 
             return self.encoder.version(ENCODER_NAME)
         if self.backend == "local":  # the worked examples the local backend adds are part of its prompt

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sira.pipelines.delta_io import read_table
+from sira.pipelines.storage.delta_io import read_table
 from sira.core import tables
 from sira.core.analysis import Analyzer, index_text
 from sira.core.explain import explain_hit, snippet

@@ -1,5 +1,5 @@
 """Corpus-side enrichment of a warehouse (`sira enrich`, and `sira eval` when its index needs it): ask a proposer for
-the missing search vocabulary of each document that has none yet for this model and prompt (sira.pipelines.ray_enrich)."""
+the missing search vocabulary of each document that has none yet for this model and prompt (sira.pipelines.enrichment.ray_enrich)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira.pipelines.ingest import Progress
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.ray_enrich import COMMIT_EVERY, COMMIT_INTERVAL_S
+from sira.pipelines.storage.ingest import Progress
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.ray_enrich import COMMIT_EVERY, COMMIT_INTERVAL_S
 
 
 class EnrichConfig(BaseModel):
@@ -35,8 +35,8 @@ class EnrichConfig(BaseModel):
 
 def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | None, log: Callable[[str], None]):
     """The vocabulary of the newest plain (not enriched) index: what the encoder proposer proposes from."""
-    from sira.pipelines.encoder_proposer import load_vocabulary
-    from sira.pipelines.shard_loader import IndexNotFound, find_index
+    from sira.pipelines.enrichment.encoder_proposer import load_vocabulary
+    from sira.pipelines.index.catalog import IndexNotFound, find_index
 
     try:
         manifest = find_index(warehouse, preset=preset, enriched=False)
@@ -49,8 +49,8 @@ def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | Non
 def enrich_corpus(cfg: EnrichConfig, log: Callable[[str], None], progress: Progress,
                   on_commit: Callable[[dict], None] = lambda stats: None) -> dict:
     """Enrich what the warehouse lacks; `on_commit` gets each Delta commit's statistics (ProposalWriter.write)."""
-    from sira.pipelines.ray_enrich import docs_to_enrich, enrich, init_ray
-    from sira.pipelines.warehouse_info import warehouse_task
+    from sira.pipelines.enrichment.ray_enrich import docs_to_enrich, enrich, init_ray
+    from sira.pipelines.storage.warehouse_info import warehouse_task
     from sira.core.enrichment import load_template
 
     task = warehouse_task(cfg.warehouse, cfg.task)

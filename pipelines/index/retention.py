@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 from deltalake import DeltaTable
 
-from sira.pipelines.delta_io import table_exists
-from sira.pipelines.shard_loader import published_versions
+from sira.pipelines.storage.delta_io import table_exists
+from sira.pipelines.index.catalog import published_versions
 from sira.core import tables
 
 

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from sira.pipelines.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
 from sira.core import tables
 from sira.core.enrichment import task_for_dataset
 

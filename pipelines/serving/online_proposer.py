@@ -19,9 +19,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sira.pipelines.llm_backends import (BackendConfig, ErrorTolerantSession, chat_messages, openai_postprocess,
-                                    openai_request)
-from sira.pipelines.query_expansion import QUERY_MAX_N, cached_expansions, query_hash
+from sira.pipelines.enrichment.llm_backends import (BackendConfig, ErrorTolerantSession, chat_messages,
+                                                    openai_postprocess, openai_request)
+from sira.pipelines.enrichment.expansion_cache import QUERY_MAX_N, cached_expansions, query_hash
 from sira.core.enrichment import load_template, parse_phrases
 from sira.core.proposers import Proposal
 
@@ -63,14 +63,14 @@ class OnlineProposer:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sira-encoder")
             self._llm = await asyncio.get_running_loop().run_in_executor(self._worker, self._load_encoder)
         else:
-            from sira.pipelines.local_llm import LocalLLMActor
+            from sira.pipelines.enrichment.local_llm import LocalLLMActor
 
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sira-local-llm")
             self._llm = await asyncio.get_running_loop().run_in_executor(
                 self._worker, LocalLLMActor, self.backend.model_dump_json())
 
     def _load_encoder(self):
-        from sira.pipelines.encoder_proposer import EncoderProposer, load_vocabulary
+        from sira.pipelines.enrichment.encoder_proposer import EncoderProposer, load_vocabulary
         from sira.core.analysis import Analyzer, AnalyzerConfig
 
         vocabulary = load_vocabulary(self.warehouse, self.manifest, self.backend.encoder)

@@ -10,8 +10,8 @@ from typing import Iterable, Sequence
 import pyarrow as pa
 import ray
 
-from sira.pipelines.shard_cache import cached_shard
-from sira.pipelines.shard_loader import load_shard
+from sira.pipelines.serving.shard_cache import cached_shard
+from sira.pipelines.serving.shard_loader import load_shard
 from sira.core.bm25 import WeightedQuery
 from sira.core.hashing import term_id
 from sira.core.query_path import Constraint, Ranked

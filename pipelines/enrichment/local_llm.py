@@ -33,9 +33,10 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from sira.pipelines.backend_config import OUTPUT_COLUMNS, BackendConfig
-from sira.pipelines.local_prompts import (COMPLETION_CUE, DEFAULT_LOCAL_MODEL, DOCUMENT_MARKER, FEWSHOT_EXAMPLES,  # noqa: F401
-                                      FEWSHOT_QUERY_EXAMPLES, QUERY_MARKER, layout_version)
+from sira.pipelines.enrichment.backend_config import OUTPUT_COLUMNS, BackendConfig
+from sira.pipelines.enrichment.local_prompts import (  # noqa: F401
+    COMPLETION_CUE, DEFAULT_LOCAL_MODEL, DOCUMENT_MARKER, FEWSHOT_EXAMPLES, FEWSHOT_QUERY_EXAMPLES, QUERY_MARKER,
+    layout_version)
 from sira.core.enrichment import JSON_SCHEMA, MAX_PHRASES, parse_phrases
 
 # ggml's OpenMP threads spin at every barrier by default: on a CPU shared with Spark or the rest of the Ray

@@ -11,8 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sira.pipelines.delta_io import read_table, table_exists, table_id
-from sira.pipelines.shard_cache import cached_segments, cached_shard, cached_term_stats
+from sira.pipelines.storage.delta_io import read_table, table_id
+from sira.pipelines.serving.shard_cache import cached_segments, cached_shard, cached_term_stats
+from sira.pipelines.index.catalog import find_index
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig
 from sira.core.bm25 import CorpusStats, ShardIndex
@@ -23,41 +24,10 @@ from sira.core.segments import SegmentShard, assemble_shard, segment_from_rows, 
 from sira.core.search import Searcher
 
 
-class IndexNotFound(LookupError):
-    pass
-
-
-def published_versions(warehouse: str) -> list[dict]:
-    """corpus_stats rows of every published index version, oldest first."""
-    uri = tables.table_uri(warehouse, tables.CORPUS_STATS)
-    if not table_exists(uri):
-        return []
-    return sorted(read_table(uri).to_pylist(), key=lambda r: r["index_version"])
-
-
-def find_index(warehouse: str, index_version: int | None = None, preset: str | None = None,
-               enriched: bool | None = None) -> dict:
-    """The requested version, or the newest published one matching `preset` / `enriched` when given. Versions of
-    an older index layout are not served (their term ids or tables differ): they count as absent."""
-    rows = [
-        r for r in published_versions(warehouse)
-        if (index_version is None or r["index_version"] == index_version)
-        and (preset is None or r["preset"] == preset)
-        and (enriched is None or bool(r["enriched"]) == enriched)
-    ]
-    current = [r for r in rows if r.get("layout") == tables.INDEX_LAYOUT]
-    if not current:
-        wanted = {"version": index_version, "preset": preset, "enriched": enriched}
-        what = ", ".join(f"{k} {v}" for k, v in wanted.items() if v is not None) or "at all"
-        older = f" ({len(rows)} built with an older index layout, which this version cannot read)" if rows else ""
-        raise IndexNotFound(f"no published index ({what}) in warehouse {warehouse}{older}; run `sira index`")
-    return current[-1]
-
-
 def load_shard(warehouse: str, manifest: dict, shard: int, dfs: DFTable | None = None) -> ShardIndex:
     """One shard of an index version as CSC arrays: the documents of its segments minus its tombstones, doc
     ordinals in doc-id order, each term's postings in ordinal order, impacts with the version's statistics. The
-    segments come from the local cache (sira.pipelines.shard_cache); only those it lacks are read from Delta."""
+    segments come from the local cache (sira.pipelines.serving.shard_cache); only those it lacks are read from Delta."""
     v, segments = manifest["index_version"], sorted(manifest["segments"])
     parts = segment_shards(warehouse, manifest, shard)
     dead = [np.empty(0, np.int64) for _ in segments]
@@ -103,7 +73,7 @@ def load_searcher(
     enriched: bool | None = None,
 ) -> tuple[Searcher, dict]:
     """A searcher over all (or some) shards of one published index version, and its manifest row. Shards
-    are memory-mapped from the local cache, which is written from Delta on first use (sira.pipelines.shard_cache)."""
+    are memory-mapped from the local cache, which is written from Delta on first use (sira.pipelines.serving.shard_cache)."""
     manifest = find_index(warehouse, index_version, preset, enriched)
     wanted = range(manifest["num_shards"]) if shards is None else shards
     dfs = lru_cache(maxsize=1)(lambda: load_df_table(warehouse, manifest))  # read once, and only on a cache miss

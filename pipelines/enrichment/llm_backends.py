@@ -18,7 +18,8 @@ import random
 import time
 from typing import Callable
 
-from sira.pipelines.backend_config import BATCH_SIZES, OUTPUT_COLUMNS, OUTPUT_TYPES, BackendConfig  # noqa: F401 (re-exported)
+from sira.pipelines.enrichment.backend_config import (  # noqa: F401 (BackendConfig re-exported)
+    BATCH_SIZES, OUTPUT_COLUMNS, OUTPUT_TYPES, BackendConfig)
 from sira.core.enrichment import JSON_SCHEMA
 
 
@@ -333,7 +334,7 @@ def vllm_stage(cfg: BackendConfig) -> Callable:
 def local_stage(cfg: BackendConfig) -> Callable:
     import ray
 
-    from sira.pipelines.local_llm import LocalLLMActor
+    from sira.pipelines.enrichment.local_llm import LocalLLMActor
 
     def stage(ds):
         from ray.data import ActorPoolStrategy
@@ -362,7 +363,7 @@ def build_stage(cfg: BackendConfig, vocabulary=None, analyzer_json: str | None =
     """A callable that maps a Ray Dataset of {..., prompt} rows to rows with the backend output columns.
     The encoder proposer reads the text itself as its prompt and needs the index's vocabulary."""
     if cfg.backend == "encoder":
-        from sira.pipelines.encoder_proposer import encoder_stage
+        from sira.pipelines.enrichment.encoder_proposer import encoder_stage
 
         if vocabulary is None or analyzer_json is None:
             raise ValueError("the encoder backend needs the vocabulary of a published index")

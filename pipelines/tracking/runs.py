@@ -101,7 +101,7 @@ def compare_runs(warehouse: str, base: str, run: str, metric: str = "ndcg@10") -
 def query_detail(warehouse: str, base: str, run: str, qid: str, k: int = 10) -> dict:
     """One judged query in two runs: each run's top k with the judged relevance of every hit and the run's
     retrieval program, and the query's judgments."""
-    from sira.pipelines.hit_details import read_documents
+    from sira.pipelines.serving.hit_details import read_documents
 
     a, b = comparable(warehouse, base, run)
     dataset = resolve_dataset(a["source"])

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sira.pipelines.delta_io import read_table, table_exists
-from sira.pipelines.ray_enrich import PROPOSAL_TABLES, commit
+from sira.pipelines.storage.delta_io import read_table, table_exists
+from sira.pipelines.enrichment.ray_enrich import PROPOSAL_TABLES, commit
 from sira.core import tables
 
 

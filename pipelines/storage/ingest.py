@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sira.pipelines.delta_io import CHANGE_DATA_FEED, records_changes, table_exists, table_version, write_stream
-from sira.pipelines.warehouse_info import task_at_ingest
+from sira.pipelines.storage.delta_io import CHANGE_DATA_FEED, records_changes, table_exists, table_version, write_stream
+from sira.pipelines.storage.warehouse_info import task_at_ingest
 from sira.core import tables
 from sira.core.datasets import RawRecord, RecordError, parse_batch, parse_record, resolve_corpus
 from sira.core.enrichment import check_task

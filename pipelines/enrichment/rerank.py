@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sira.pipelines.delta_io import merge_rows, read_table, table_exists
-from sira.pipelines.llm_backends import BackendConfig, OpenAIClient, openai_request
-from sira.pipelines.query_expansion import query_hash
+from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.enrichment.llm_backends import BackendConfig, OpenAIClient, openai_request
+from sira.pipelines.enrichment.expansion_cache import query_hash
 from sira.core import tables
 from sira.core.defaults import DEFAULT_OPENAI_BASE_URL
 from sira.core.enrichment import document_input
@@ -194,7 +194,7 @@ class _LocalJudge:
     """Prompts -> backend output rows from the embedded model, loaded once, decoding under the relevance grammar."""
 
     def __init__(self, cfg: BackendConfig):
-        from sira.pipelines.local_llm import LocalLLMActor  # first: it sets how llama.cpp's threads wait
+        from sira.pipelines.enrichment.local_llm import LocalLLMActor  # first: it sets how llama.cpp's threads wait
 
         from llama_cpp import LlamaGrammar
 

@@ -1,5 +1,5 @@
 """The embedded model's name and the prompt layout it adds around a template (worked examples, cue, markers).
-Apart from sira.pipelines.local_llm (which loads llama.cpp) so that a backend's config can key proposals on the layout
+Apart from sira.pipelines.enrichment.local_llm (which loads llama.cpp) so that a backend's config can key proposals on the layout
 without importing the engine."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`sira serve`: the online search API over published index versions (aiohttp.web), and the pages that look
-inside it (pipelines/web: one plain HTML page with a search and a compare view, CSS and small scripts, served from
+inside it (pipelines/serving/web: one plain HTML page with a search and a compare view, CSS and small scripts, served from
 the package; nothing is fetched from elsewhere).
 
     POST /search  {"query": str, "k": 10, "expand": false, "w": null, "must": [str], "exclude": [str],
@@ -7,15 +7,15 @@ the package; nothing is fetched from elsewhere).
                   -> {"hits": [{"doc_id", "score"}], "program": {RetrievalProgram}, "index_version", "preset",
                       "enriched", "proposer", "timing_ms": {...}}; with "explain" (k <= MAX_EXPLAIN_K) each hit
                       also has "title", "snippet", "contributions" (per term: original / expansion part,
-                      enrichment_only) and "injected" (sira.pipelines.hit_details)
+                      enrichment_only) and "injected" (sira.pipelines.serving.hit_details)
     GET  /health  -> {"status", "index_version", "num_docs", "shards", ...}
-    GET  /runs    -> {"runs": [...]}: the runs `sira eval` / `sira run` wrote in the warehouse (sira.pipelines.runs)
+    GET  /runs    -> {"runs": [...]}: the runs `sira eval` / `sira run` wrote in the warehouse (sira.pipelines.tracking.runs)
     GET  /compare?base=RUN&run=RUN[&metric=ndcg@10]  -> `sira compare` of the two runs (the same numbers) with
                   each query's text; a browser (Accept: text/html) gets the compare page instead
     GET  /compare/query?base=RUN&run=RUN&qid=Q[&k=10]  -> that query's two rankings, relevance and programs
     GET  /        the search page;  GET /static/...  its CSS and scripts (no token needed for either)
 
-Searches go through sira.core.query_path over shards that live in Ray actors (sira.pipelines.shard_actors), queried
+Searches go through sira.core.query_path over shards that live in Ray actors (sira.pipelines.serving.shard_actors), queried
 scatter-gather, so a response ranks exactly like the in-process Searcher. Limits answer 4xx JSON
 `{"error": ...}`: 400 invalid request, 401 missing / wrong bearer token (when one is configured, on every JSON
 endpoint but /health, which stays open for probes; the pages and their static files are open, and ask for the
@@ -42,10 +42,10 @@ import ray
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sira.pipelines.hit_details import hit_details
-from sira.pipelines.llm_backends import BackendConfig
-from sira.pipelines.online_proposer import OnlineProposer
-from sira.pipelines.runs import RunNotFound, compare_runs, list_runs, query_detail
+from sira.pipelines.serving.hit_details import hit_details
+from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.serving.online_proposer import OnlineProposer
+from sira.pipelines.tracking.runs import RunNotFound, compare_runs, list_runs, query_detail
 from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU, FOLLOW_POLL_S
 from sira.core.program import DEFAULT_W, RetrievalProgram
@@ -144,8 +144,8 @@ class SearchService:
               backend: BackendConfig | None = None, task: str = "generic", w: float = DEFAULT_W, tau: float = DEFAULT_TAU,
               ray_address: str | None = None, actors: list | None = None, follow: bool = False) -> "SearchService":
         """Find the index version, start one actor per shard (or use `actors`), load what expansion needs."""
-        from sira.pipelines.ray_enrich import init_ray
-        from sira.pipelines.shard_loader import find_index
+        from sira.pipelines.enrichment.ray_enrich import init_ray
+        from sira.pipelines.index.catalog import find_index
 
         if follow and index_version is not None:
             raise ValueError("a server pinned to --index-version cannot follow newer versions")
@@ -159,8 +159,8 @@ class SearchService:
     def load(self, manifest: dict, actors: list | None = None, into: list | None = None) -> ServedIndex:
         """Load one version (blocking: shard actors start, or the running ones in `into` load it too, and read their
         shards; a broken shard fails here)."""
-        from sira.pipelines.shard_actors import ShardActors, load_into, start_shard_actors
-        from sira.pipelines.shard_loader import load_query_path
+        from sira.pipelines.serving.shard_actors import ShardActors, load_into, start_shard_actors
+        from sira.pipelines.serving.shard_loader import load_query_path
 
         proposer = OnlineProposer(self.warehouse, self.backend, self.task, manifest) if self.backend else None
         owns = actors is None
@@ -194,7 +194,7 @@ class SearchService:
     async def refresh(self) -> bool:
         """Switch to the newest published version of the served kind if there is a newer one; True if switched.
         Any failure while loading leaves the current version serving."""
-        from sira.pipelines.shard_loader import IndexNotFound, find_index
+        from sira.pipelines.index.catalog import IndexNotFound, find_index
 
         if self._switch_lock is None:
             self._switch_lock = asyncio.Lock()

@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sira.pipelines.console import progress_bar
-from sira.pipelines.delta_io import read_table, table_exists, write_table
-from sira.pipelines.encoder import ENCODER_NAME, MiniLMEncoder
-from sira.pipelines.shard_loader import read_term_stats
+from sira.pipelines.tracking.console import progress_bar
+from sira.pipelines.storage.delta_io import read_table, table_exists, write_table
+from sira.pipelines.enrichment.encoder import ENCODER_NAME, MiniLMEncoder
+from sira.pipelines.serving.shard_loader import read_term_stats
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig, index_text
 from sira.core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
