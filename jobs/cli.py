@@ -21,7 +21,7 @@ from sira.core.program import DEFAULT_W
 stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.tracking.console.console)
 # The options several commands share, declared once (their defaults and help live in sira.core.defaults).
 TauOption = typer.Option(DEFAULT_TAU, "--tau", help=TAU_HELP)
-WeightOption = typer.Option(None, "--expansion-weight", "--w", help=W_HELP)
+WeightOption = typer.Option(None, "--expansion-weight", help=W_HELP)
 ShardsOption = typer.Option(DEFAULT_SHARDS, "--shards", help=SHARDS_HELP)
 SparkMasterOption = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help=SPARK_MASTER_HELP)
 BaseUrlOption = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: the endpoint's /v1 URL")
@@ -652,20 +652,7 @@ def proposals_import(
     _write_json(summary, output_json)
 
 
-# Old spellings still accepted for one release, with a warning (`--w` was one letter away from `-w`, the warehouse).
-DEPRECATED_FLAGS = {"--w": "--expansion-weight"}
-
-
-def warn_deprecated_flags(argv: list[str]) -> None:
-    for arg in argv:
-        flag = arg.split("=", 1)[0]
-        if flag in DEPRECATED_FLAGS:
-            console.print(f"[yellow]warning:[/yellow] {flag} is deprecated and will be removed in the next release: "
-                          f"use {DEPRECATED_FLAGS[flag]}")
-
-
 def main() -> None:
-    warn_deprecated_flags(sys.argv[1:])
     try:
         app()
     except (ValidationError, FileNotFoundError, LookupError, ValueError, ConnectionError, StageFailed) as exc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -115,9 +114,6 @@ class Analyzer:
         for phrase in phrases:
             out.extend(self.terms(phrase))
         return out
-
-    def term_counts(self, text: str) -> Counter[str]:
-        return Counter(self.terms(text))
 
 
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")

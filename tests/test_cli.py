@@ -97,11 +97,10 @@ def test_search_expand_through_an_openai_compatible_server(tmp_path, tiny_beir, 
 
 
 def test_the_expansion_weight_flag_no_longer_sits_beside_the_warehouse_flag(tmp_path):
-    # `--w` (the old spelling) still parses, with a warning; `-w` is only ever the warehouse.
+    # `--w` (the old spelling, one letter from `-w`, the warehouse) is gone after its release of deprecation.
     proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "search", "x", "-w", str(tmp_path), "--w", "0.3"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "no published index" in proc.stderr
-    assert "--w is deprecated" in proc.stderr and "--expansion-weight" in proc.stderr
+    assert proc.returncode == 2 and "No such option" in proc.stderr and "--w" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "search", "x", "-w", str(tmp_path),
                            "--expansion-weight", "0.3"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "deprecated" not in proc.stderr
