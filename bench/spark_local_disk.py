@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 import threading
