@@ -87,18 +87,12 @@ class DocsTodo:
             n -= len(out[-1].positions)
         return DocsTodo(tuple(out))
 
-    def to_table(self) -> pa.Table:
-        """Every document to do, read into one table (small todos: tests, a few documents)."""
-        parts = [t for f in self.files for t in f.read()]
-        return pa.concat_tables(parts) if parts else pa.table(
-            {**{c: pa.array([], pa.string()) for c in DOC_COLUMNS}, REPLACES_ERROR: pa.array([], pa.bool_())})
-
 
 def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors: bool = True) -> tuple[DocsTodo, int]:
     """Docs whose current content has no enrichment for (model, prompt_version) yet, with REPLACES_ERROR; and how
     many were skipped. Only the keys are read here (doc_id, content_hash: about 60 bytes a document)."""
     docs_uri = tables.table_uri(warehouse, tables.DOCS)
-    _, paths = data_files(docs_uri)
+    paths = data_files(docs_uri)
     keys = []
     for i, path in enumerate(paths):
         part = open_data_file(docs_uri, path).read(columns=["doc_id", "content_hash"]).cast(KEY_SCHEMA)
@@ -347,8 +341,7 @@ def input_dataset(todo: pa.Table | DocsTodo, rows: int):
     if isinstance(todo, DocsTodo):
         # Read tasks merge what they read into big blocks (a docs file's worth); the stream is cut into blocks of
         # `rows` again. Fractional CPUs: read tasks that take whole ones deadlock the pipeline on 2 cores.
-        files = sum(1 for f in todo.files if len(f.positions))
-        return ray.data.read_datasource(_docs_datasource(todo), override_num_blocks=files, concurrency=2,
+        return ray.data.read_datasource(_docs_datasource(todo), override_num_blocks=len(todo.files), concurrency=2,
                                         num_cpus=0.25).repartition(target_num_rows_per_block=rows)
     # Copies, not slices: a slice keeps the buffers of the whole table, and Ray sizes, budgets and ships a block by
     # its buffers. A take from a table of many chunks concatenates them all first, every time: combined once.
@@ -372,7 +365,7 @@ def _docs_datasource(todo: DocsTodo):
             # One task per file; each captures its own file's positions only.
             return [ReadTask(lambda f=f: f.read(), BlockMetadata(num_rows=len(f.positions), size_bytes=None,
                                                                       exec_stats=None, input_files=None))
-                    for f in todo.files if len(f.positions)]
+                    for f in todo.files]
 
     return DocsTodoDatasource()
 

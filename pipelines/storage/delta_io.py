@@ -230,8 +230,8 @@ def changed_data_files(uri: str, since: int, until: int) -> list[str] | None:
     return sorted(files)
 
 
-def data_files(uri: str, version: int | None = None) -> tuple[int, list[str]]:
-    """(version, the data files of that version as paths under the table root): every row of the version is a row of
+def data_files(uri: str, version: int | None = None) -> list[str]:
+    """The data files of a table version, as paths under the table root: every row of the version is a row of
     one of them, read whole (a table whose deletion vectors hide rows inside files is refused: ValueError)."""
     table = DeltaTable(uri, version=version)
     if "deletionVectors" in (table.protocol().reader_features or []):
@@ -239,7 +239,7 @@ def data_files(uri: str, version: int | None = None) -> tuple[int, list[str]]:
                          "file readers do not apply; rewrite it without them (ALTER TABLE ... SET TBLPROPERTIES "
                          "('delta.enableDeletionVectors' = false) and REORG TABLE ... APPLY (PURGE))")
     paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-    return table.version(), sorted(paths)
+    return sorted(paths)
 
 
 def open_data_file(uri: str, path: str):
