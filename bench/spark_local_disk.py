@@ -6,7 +6,8 @@
 The build is bench/nights.full_build ("nightly": `sira nightly --source CORPUS` on an empty warehouse, enrichment
 through bench/instant_openai.py). Every 2 s a thread sums the files under LOCAL_DIR/blockmgr-* (where a local
 Spark keeps persisted frames, shuffle files and sort spills; `spark.local.dir`, /tmp by default); the report has the
-peak above what was there before, when in the build it came, and the warehouse's bytes after the build. Walking the
+peak above what was there before, when in the build it came, and the warehouse's bytes after the build. The report also has the bytes by kind at the peak (rdd_*: persisted
+frames; shuffle_*; other: temp_* spills), a timeline every 2 s, and the index build's seconds per step. Walking the
 files costs some CPU: the build's seconds here are not its speed.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import sys
 import threading
 import time
@@ -28,27 +30,32 @@ from bench.nights import full_build, git_commit  # noqa: E402
 from bench.scale import write_report  # noqa: E402
 
 
-def local_bytes(local_dir: str) -> int:
-    total = 0
+def local_bytes(local_dir: str) -> dict:
+    """Bytes under LOCAL_DIR/blockmgr-* by kind: persisted frames (rdd_*), shuffle files (shuffle_*), the rest
+    (temp_* sort spills and others), and their total."""
+    kinds = {"rdd": 0, "shuffle": 0, "other": 0}
     for folder in glob.glob(os.path.join(local_dir, "blockmgr-*")):
         for root, _, files in os.walk(folder):
             for name in files:
+                kind = name.split("_", 1)[0] if name.startswith(("rdd_", "shuffle_")) else "other"
                 try:
-                    total += os.path.getsize(os.path.join(root, name))
+                    kinds[kind] += os.path.getsize(os.path.join(root, name))
                 except OSError:  # removed while walking
                     pass
-    return total
+    return {**kinds, "total": sum(kinds.values())}
 
 
 def measure(args) -> dict:
-    before, peak, started = local_bytes(args.local_dir), {"bytes": 0, "at_s": None}, time.time()
+    before, started = local_bytes(args.local_dir)["total"], time.time()
+    peak, timeline = {"bytes": 0, "at_s": None, "kinds": None}, []
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            now = local_bytes(args.local_dir)
-            if now > peak["bytes"]:
-                peak.update(bytes=now, at_s=round(time.time() - started, 1))
+            now, at = local_bytes(args.local_dir), round(time.time() - started, 1)
+            timeline.append({"t": at, **{k: round(v / 2**20) for k, v in now.items()}})
+            if now["total"] > peak["bytes"]:
+                peak.update(bytes=now["total"], at_s=at, kinds={k: now[k] for k in ("rdd", "shuffle", "other")})
             done.wait(2.0)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -63,9 +70,20 @@ def measure(args) -> dict:
     warehouse = sum(f.stat().st_size for f in (args.work_dir / "wh").rglob("*") if f.is_file())
     local_peak = peak["bytes"] - before
     return {"corpus": str(args.corpus), "build_seconds": build["seconds"], "step_seconds": build["step_seconds"],
-            "local_dir_peak_bytes": local_peak, "peak_at_s": peak["at_s"], "local_dir_before_bytes": before,
+            "local_dir_peak_bytes": local_peak, "peak_at_s": peak["at_s"], "peak_bytes_by_kind": peak["kinds"],
+            "local_dir_before_bytes": before, "index_step_seconds": index_steps(args.work_dir / "logs" / "full.log"),
             "warehouse_bytes": warehouse, "local_peak_over_warehouse": round(local_peak / warehouse, 2),
-            "command": "python bench/spark_local_disk.py " + " ".join(sys.argv[1:]), "git_commit": git_commit()}
+            "command": "python bench/spark_local_disk.py " + " ".join(sys.argv[1:]), "git_commit": git_commit(),
+            "timeline_mb": timeline}
+
+
+def index_steps(log_path: Path) -> dict:
+    """The index build's seconds per step, from its "build steps:" line (wrapped by the console) in the job's log."""
+    text = " ".join(log_path.read_text().split())
+    found = re.search(r"build steps: (.*?publish [0-9.]+ s)", text)
+    if not found:
+        return {}
+    return {name: float(s) for name, s in re.findall(r"([a-z][a-z ]*?) ([0-9.]+) s(?:,|$)", found.group(1))}
 
 
 def main(argv=None) -> None:

@@ -49,8 +49,8 @@ from sira.core.presets import IndexPreset
 from sira.pipelines.storage.delta_io import read_table, table_exists, table_version
 from sira.pipelines.index.base import find_base
 from sira.pipelines.index.changes import STALE_ANALYSIS_FRACTION, analyse_documents, compact_analysis, docs_changes
-from sira.pipelines.index.context import (Build, EnrichmentChoice, SegmentPolicy, maybe_broadcast, no_enrichment,
-                                          spark_ddl)
+from sira.pipelines.index.context import (Build, EnrichmentChoice, SegmentPolicy, collect_garbage, maybe_broadcast,
+                                          no_enrichment, spark_ddl)
 from sira.pipelines.index.injections import (base_and_original_df, desired_documents, incremental_injections,
                                              inject_enrichment)
 from sira.pipelines.index.segments import (SegmentPlan, carried_decisions, moved_counts, plan_segments,
@@ -191,10 +191,7 @@ def release_broadcasts(spark: SparkSession) -> None:
     in a heap that rarely fills that waits for the next periodic GC (`spark.cleaner.periodicGC.interval`), so a few
     builds in a row ran a 3 GB heap out of memory. The build's frames are unreachable once it returns; one
     collection on each side lets the cleaner drop them now."""
-    import gc
-
-    gc.collect()  # Python's references to the build's Java plans go first (py4j detaches them)
-    spark.sparkContext._jvm.System.gc()
+    collect_garbage(spark)
 
 
 def size_shuffles(spark: SparkSession, docs_uri: str) -> None:

@@ -101,14 +101,15 @@ def analyse_documents(b: Build, docs: DataFrame, changes: Changes | None = None)
         done = analyses_table(b).select(*key)
         kept = _kept_analyses(b, done)
         # Which documents lack an analysis, on the keys alone; the texts are read for those only.
-        missing = b.keep(docs.select(*key).join(done, key, "left_anti"))
+        missing = b.cut(docs.select(*key).join(done, key, "left_anti"))
         new = missing.count()
         if new < num_docs:
             todo = todo.join(maybe_broadcast(missing, new), key)
         stale = kept - (num_docs - new)  # analyses of documents that changed or left since
     b.log(f"analysis: {new} new or changed documents to analyse, {num_docs - new} kept from earlier builds")
     if new:
-        out = b.keep(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
+        # Cut, not kept: the corpus-sized terms are read back from the table from here on (see `Build.cut`).
+        out = b.cut(todo.mapInArrow(analyze_documents(b.analyzer_json, b.build_id), spark_ddl(ANALYSIS_OUT)))
         analyses = out.where(F.col("doc_id").isNotNull()).drop("term_id", "term")
         _keep_analyses(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"), analyses, new)
         b.log(f"analysis: {new} documents analysed")
@@ -184,7 +185,7 @@ def compact_analysis(b: Build, stale: int) -> None:
 def merge_dictionary(b: Build, spelled: DataFrame) -> None:
     """Append the term ids the dictionary lacks; two spellings of one id is a collision, and an error."""
     uri = b.uri(tables.TERM_DICTIONARY)
-    spellings = b.keep(spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other")))
+    spellings = b.cut(spelled.groupBy("term_id").agg(F.min("term").alias("term"), F.max("term").alias("other")))
     n = spellings.count()
     # One join with the dictionary, stored: the check and the append both read it, and `limit` runs a job per few
     # partitions, each of which redid the join.
@@ -233,7 +234,7 @@ def enrichment_phrases(b: Build, docs: DataFrame, version: int | None = None) ->
         .select("doc_id", "content_hash", "phrases",
                 F.sha2(F.to_json(F.col("phrases")), 256).substr(1, 32).alias("phrases_key"))
     )
-    return b.keep(phrases), version
+    return b.cut(phrases), version
 
 
 def analyse_phrases(b: Build, docs: DataFrame, phrases: DataFrame, rows: int | None = None,
@@ -264,7 +265,7 @@ def analyse_phrases(b: Build, docs: DataFrame, phrases: DataFrame, rows: int | N
             if n_rest else have
     else:
         todo = todo.join(docs.select(*doc, "title", "text"), doc)
-    out = b.keep(todo.select(*columns).mapInArrow(analyze_phrases(b.analyzer_json), spark_ddl(PHRASES_OUT)))
+    out = b.cut(todo.select(*columns).mapInArrow(analyze_phrases(b.analyzer_json), spark_ddl(PHRASES_OUT)))
     made = out.where(F.col("doc_id").isNotNull()).drop("term_id", "term")
     if made.count():
         merge_dictionary(b, out.where(F.col("doc_id").isNull()).select("term_id", "term"))

@@ -29,7 +29,7 @@ def original_df(b: Build, current: DataFrame, base: dict | None,
     if base is None:
         if b.enrichment is None:
             return None, None
-        return b.keep(term_counts(analysis_of(b, current)).groupBy("term_id").agg(
+        return b.cut(term_counts(analysis_of(b, current)).groupBy("term_id").agg(
             F.count("*").cast("long").alias("df"))), None
     key = ["doc_id", "content_hash"]
     if changes is not None:
@@ -221,7 +221,7 @@ def decide_injections(b: Build, phrases: DataFrame | None, orig_df: DataFrame | 
     min_df = (pending.join(dfs, "term_id", "left").groupBy("doc_id", "position")
               .agg(F.min(F.coalesce("df", F.lit(0))).cast("long").alias("min_df")))
     limit = b.enrichment.tau * num_docs  # kept unless dropped_by_df: min DF > tau*|C| (unseen: min DF 0, kept)
-    decided = b.keep(
+    decided = b.cut(
         cands.join(min_df, ["doc_id", "position"], "left")
         .withColumn("kept", F.col("c.reason").isNull() & (F.col("min_df") <= F.lit(limit)))
         .select("doc_id", F.col("position").cast("int"), F.col("c.phrase").alias("phrase"), "kept",
@@ -238,7 +238,7 @@ def decide_injections(b: Build, phrases: DataFrame | None, orig_df: DataFrame | 
         .substr(1, 32).alias("decisions_key"),
         F.count("*").cast("int").alias("phrases_proposed"),
         F.sum(F.col("kept").cast("int")).cast("int").alias("phrases_kept"))
-    return decided.drop("term_ids", "tfs"), b.keep(per_doc.join(injected, "doc_id", "left"))
+    return decided.drop("term_ids", "tfs"), b.cut(per_doc.join(injected, "doc_id", "left"))
 
 
 def _injection_counts(decided: DataFrame, e: EnrichmentChoice) -> dict:

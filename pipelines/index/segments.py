@@ -11,8 +11,9 @@ from pyspark.sql import functions as F
 from sira.core import tables
 from sira.pipelines.index.base import live_docs, read_live_docs
 from sira.pipelines.index.changes import analyses_table, analysis_of, require_analysis, term_counts
-from sira.pipelines.index.context import (Build, INJECTED_COLUMNS, SegmentPolicy, maybe_broadcast, not_injected,
-                                          of_version, replace_rows, spark_ddl, without_fields)
+from sira.pipelines.index.context import (BROADCAST_ROWS, Build, INJECTED_COLUMNS, SegmentPolicy, collect_garbage,
+                                          maybe_broadcast, not_injected, of_version, replace_rows, spark_ddl,
+                                          without_fields)
 from sira.pipelines.index.injections import InjectionMoves, desired_documents
 from sira.pipelines.index.workers import POSTINGS_OUT, invert_block
 
@@ -197,8 +198,12 @@ def write_segment(b: Build, entering: DataFrame, rows: int | None, whole_analysi
     wide = wide.withColumn("doc_len", (F.col("doc_len") + F.coalesce(
         F.aggregate("inj_tfs", F.lit(0), lambda acc, x: acc + x), F.lit(0))).cast("int"))
     ordinal = F.row_number().over(Window.partitionBy("shard").orderBy("doc_id")) - 1
-    seg = b.keep(wide.withColumn("doc_ord", ordinal.cast("int"))
-                 .withColumn("block", (F.col("doc_ord") / tables.POSTINGS_BLOCK_DOCS).cast("int")))
+    seg = b.cut(wide.withColumn("doc_ord", ordinal.cast("int"))
+                .withColumn("block", (F.col("doc_ord") / tables.POSTINGS_BLOCK_DOCS).cast("int")))
+    if rows is None or rows > BROADCAST_ROWS:
+        # The ordinals' shuffle (every term vector) goes before the postings' shuffle (the same again) is written.
+        del wide
+        collect_garbage(b.spark)
     expected, got = rows if rows is not None else entering.count(), seg.count()
     if got != expected:
         raise RuntimeError(f"{tables.DOC_ANALYSIS} holds {got} analyses for the {expected} documents entering segment "

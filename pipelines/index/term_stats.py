@@ -99,8 +99,8 @@ def term_statistics(b: Build, plan: SegmentPlan, seg: dict, orig_df: DataFrame |
             stats = in_files(stats, n_moved, TERM_ROWS_PER_FILE)
         version = replace_rows(stats, b.uri(tables.TERM_STATS), "index_version", b.version, ["index_version"])
         return {"table_version": version, "total_terms": total_terms, "num_terms": num_terms, "versions": versions}
-    stats = b.keep(of_version(b, stats.withColumn("df", F.coalesce("df", F.lit(0)).cast("long")),
-                               tables.TERM_STATS_SCHEMA))
+    stats = b.cut(of_version(b, stats.withColumn("df", F.coalesce("df", F.lit(0)).cast("long")),
+                              tables.TERM_STATS_SCHEMA))
     unspelled = stats.where(F.col("term").isNull())  # counted first: see merge_dictionary
     unspelled = unspelled.limit(3).collect() if unspelled.count() else []
     if unspelled:
