@@ -34,7 +34,10 @@ def local_bytes(local_dir: str) -> dict:
     """Bytes under LOCAL_DIR/blockmgr-* by kind: persisted frames (rdd_*), shuffle files (shuffle_*), the rest
     (temp_* sort spills and others), and their total."""
     kinds = {"rdd": 0, "shuffle": 0, "other": 0}
-    for folder in glob.glob(os.path.join(local_dir, "blockmgr-*")):
+    # A local session's scratch is LOCAL_DIR/sira-spark/pid-N (sira.pipelines.storage.spark_session); Spark's own default
+    # is LOCAL_DIR itself.
+    for folder in glob.glob(os.path.join(local_dir, "blockmgr-*")) + glob.glob(
+            os.path.join(local_dir, "sira-spark", "pid-*", "blockmgr-*")):
         for root, _, files in os.walk(folder):
             for name in files:
                 kind = name.split("_", 1)[0] if name.startswith(("rdd_", "shuffle_")) else "other"

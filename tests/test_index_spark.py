@@ -1,11 +1,15 @@
 """Integration: the Spark index build into real Delta tables, read back without a JVM."""
 
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
 
 from sira.jobs import index as index_job
 from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.storage.spark_session import local_scratch_dir, local_scratch_root
 from sira.pipelines.index.catalog import find_index, published_versions
 from sira.pipelines.serving.shard_loader import load_searcher
 from sira.pipelines.index.context import replace_rows
@@ -87,3 +91,14 @@ def test_a_term_id_spelled_two_ways_is_a_clear_error(tmp_path, tiny_beir, spark)
     with pytest.raises(TermIdCollision, match=r"\('insulin', 'not-insulin'\)"):
         index_job.run(index_job.IndexConfig(warehouse=wh, preset="pyserini-flat", shards=1), spark=spark)
 
+
+
+def test_a_local_session_keeps_its_scratch_in_a_folder_of_its_own_and_removes_orphaned_ones(tmp_path, spark):
+    assert spark.sparkContext.getConf().get("spark.local.dir") == str(local_scratch_root() / f"pid-{os.getpid()}")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphaned = tmp_path / f"pid-{gone.stdout.strip()}" / "blockmgr-1"  # a killed job's persisted frames
+    orphaned.mkdir(parents=True)
+    running = tmp_path / f"pid-{os.getppid()}"
+    running.mkdir()
+    assert local_scratch_dir(tmp_path) == str(tmp_path / f"pid-{os.getpid()}")
+    assert not orphaned.parent.exists() and running.exists()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -41,6 +44,45 @@ def local_driver_memory() -> str:
     return f"{max(1, int(total * LOCAL_HEAP_SHARE) >> 30)}g"
 
 
+def local_scratch_root() -> Path:
+    """Where local sessions keep their scratch folders (`local_scratch_dir`): TMPDIR/sira-spark."""
+    return Path(tempfile.gettempdir()) / "sira-spark"
+
+
+def local_scratch_dir(root: Path | None = None) -> str:
+    """spark.local.dir for a local session: a folder of this process's own under `root`, after removing those of
+    processes that are gone. Spark deletes its scratch (persisted frames, shuffle files, spills) when its JVM exits
+    normally; a job killed mid-build (a timeout, the OOM killer) left it in /tmp for good, tens of GB for a 5M-document
+    build, and nothing said whose it was."""
+    root = root or local_scratch_root()
+    root.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_scratch(root)
+    mine = root / f"pid-{os.getpid()}"
+    mine.mkdir(exist_ok=True)
+    return str(mine)
+
+
+def remove_orphaned_scratch(root: Path) -> list[Path]:
+    """Remove the pid-N folders under `root` whose process N is gone; returns them."""
+    removed = []
+    for folder in root.glob("pid-*"):
+        pid = folder.name.removeprefix("pid-")
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def get_spark(master: str = DEFAULT_SPARK_MASTER, app_name: str = "sira", conf: dict[str, str] | None = None) -> SparkSession:
     from delta import configure_spark_with_delta_pip
 
@@ -55,7 +97,10 @@ def get_spark(master: str = DEFAULT_SPARK_MASTER, app_name: str = "sira", conf: 
     builder = SparkSession.builder.master(master).appName(app_name)
     machine = {"spark.driver.memory": local_driver_memory(),
                "spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS} if master.startswith("local") else {}
-    for key, value in {**DEFAULT_CONF, **machine, **_env_conf(), **(conf or {})}.items():
+    settings = {**DEFAULT_CONF, **machine, **_env_conf(), **(conf or {})}
+    if master.startswith("local") and "spark.local.dir" not in settings and not os.environ.get("SPARK_LOCAL_DIRS"):
+        settings["spark.local.dir"] = local_scratch_dir()  # a cluster's workers clean their own
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = configure_spark_with_delta_pip(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
