@@ -16,6 +16,7 @@ from sira.pipelines.tracking.console import console, engine_log_path, engine_log
 from sira.pipelines.tracking.stages import StageFailed
 from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, FOLLOW_POLL_S,
                                  SHARDS_HELP, SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
+from sira.core import variants as variant_table
 from sira.core.program import DEFAULT_W
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.tracking.console.console)
@@ -371,8 +372,7 @@ def eval_(
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     split: str = typer.Option("test"),
-    variant: str = typer.Option("bm25", help="bm25 | doc (corpus side) | query (query side) | sira (both) | "
-                                             "sira+rerank (sira, then an LLM judges its top-k; needs --rerank-backend)"),
+    variant: str = typer.Option("bm25", help=variant_table.help_text() + " (needs --rerank-backend)"),
     tau: float = TauOption,
     w: Optional[float] = WeightOption,
     task: Optional[str] = typer.Option(None, help="prompt task (default: from the dataset name)"),
@@ -452,8 +452,9 @@ def run(
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     preset: str = typer.Option("sira", help="pyserini-flat | sira"),
     split: str = typer.Option("test"),
-    variants: str = typer.Option("bm25,doc,query,sira", help="comma-separated: bm25, doc, query, sira; add "
-                                                             "sira+rerank (with --rerank-backend) to opt in"),
+    variants: str = typer.Option(",".join(variant_table.SINGLE_CALL_VARIANTS), help=(
+        f"comma-separated: {', '.join(variant_table.SINGLE_CALL_VARIANTS)}; add {variant_table.RERANK_VARIANT} (with "
+        "--rerank-backend) to opt in")),
     backend: str = typer.Option("encoder", help="query-side proposer: encoder | local | openai | vllm"),
     doc_backend: Optional[str] = typer.Option(None, "--doc-backend", help="corpus-side proposer (default: --backend)"),
     model: Optional[str] = typer.Option(None, help="LLM model (both sides)"),
@@ -508,7 +509,7 @@ def sweep(
     dataset: str = typer.Option(..., "--dataset", "-d", help="beir:NAME or a folder in BEIR format"),
     split: str = typer.Option(..., help="train | dev: the split the setting is selected on (never test)"),
     param: list[str] = typer.Option(..., "--param", help="NAME=V1,V2 for tau, w or n (n-gram order); repeatable"),
-    variant: str = typer.Option("sira", help="bm25 | doc | query | sira"),
+    variant: str = typer.Option("sira", help=variant_table.help_text(variant_table.SINGLE_CALL_VARIANTS)),
     metric: str = typer.Option("ndcg@10", help="selection metric"),
     warehouse: Optional[str] = typer.Option(None, "--warehouse", "-w", help="default: warehouses/<dataset name>"),
     preset: str = typer.Option("sira"),
@@ -652,10 +653,39 @@ def proposals_import(
     _write_json(summary, output_json)
 
 
+# Config fields whose command-line option is not --FIELD-NAME.
+OPTION_OF_FIELD = {"w": "--expansion-weight"}
+
+
+def option_errors(exc: ValidationError) -> str:
+    """A job config's validation errors, one line each, named by the option that set the value: "--variant:
+    'dense' is not one of bm25, doc, ...", not pydantic's multi-line report with a web address."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        fields = [str(part) for part in err["loc"] if isinstance(part, str)]
+        if err["type"] == "value_error":  # the config's own check, which names what is wrong
+            what = str(err["ctx"]["error"])
+        elif err["type"] == "literal_error":
+            what = f"{err['input']!r} is not one of {err['ctx']['expected'].replace(' or ', ', ')}"
+        else:
+            what = f"{err['msg']} (got {err['input']!r})"
+        if not fields:  # a check of several fields together
+            lines.append(what)
+            continue
+        option = OPTION_OF_FIELD.get(fields[-1], "--" + fields[-1].replace("_", "-"))
+        if fields[:-1]:  # a nested config's field (backend.model): its path says which
+            option += f" ({'.'.join(fields)})"
+        lines.append(f"{option}: {what}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     try:
         app()
-    except (ValidationError, FileNotFoundError, LookupError, ValueError, ConnectionError, StageFailed) as exc:
+    except ValidationError as exc:
+        console.print(f"[red]error:[/red] {option_errors(exc)}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (FileNotFoundError, LookupError, ValueError, ConnectionError, StageFailed) as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
 

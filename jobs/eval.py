@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -21,7 +20,7 @@ from sira.core.datasets import resolve_dataset
 from sira.core.defaults import EvaluationParams, default_warehouse
 from sira.core.enrichment import task_for_dataset
 from sira.core.program import DEFAULT_W, RetrievalProgram
-from sira.core.rerank import RERANK_VARIANT
+from sira.core.variants import RERANK_VARIANT, VariantName, help_text, variant
 from sira.core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
 
@@ -34,10 +33,7 @@ class EvalConfig(EvaluationParams):
     dataset: str = Field(description="beir:NAME or a folder in BEIR format")
     preset: str = "sira"
     split: str = "test"
-    variant: Literal["bm25", "doc", "query", "sira", "sira+rerank"] = Field(
-        "bm25", description="bm25: plain; doc: corpus-side enrichment; query: query-side expansion over the plain "
-                            "index; sira: both sides; sira+rerank: sira, then an LLM judges its top-k (not a "
-                            "single call)")
+    variant: VariantName = Field("bm25", description=help_text())
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
     task: str | None = Field(None, description="prompt task; default: chosen from the dataset name")
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
@@ -60,7 +56,7 @@ class EvalConfig(EvaluationParams):
     @property
     def first_stage(self) -> str:
         """The single-call variant that retrieves (sira+rerank reranks what sira retrieves)."""
-        return "sira" if self.variant == RERANK_VARIANT else self.variant
+        return variant(self.variant).first_stage
 
     @property
     def resolved_w(self) -> float:
@@ -68,11 +64,11 @@ class EvalConfig(EvaluationParams):
 
     @property
     def enriched(self) -> bool:
-        return self.first_stage in ("doc", "sira")
+        return variant(self.variant).enriched_index
 
     @property
     def expanded(self) -> bool:
-        return self.first_stage in ("query", "sira")
+        return variant(self.variant).expanded_queries
 
     def warehouse_path(self, dataset_name: str) -> str:
         return self.warehouse or default_warehouse(dataset_name)

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from sira.pipelines.tracking.tracking import TrackingConfig
+from sira.core.variants import VARIANTS
 
 # Published nDCG@10 on BEIR test (the brief and ../shared/SIRA_REFERENCE.md); references, not our measurements.
 REFERENCES = {
@@ -20,7 +21,6 @@ REFERENCES = {
     "SIRA paper BM25": {"scifact": 0.6791, "arguana": 0.4874},
 }
 PAPER_AVERAGES = {"BM25": 0.4247, "SPLADE": 0.5223, "E5": 0.5434, "SIRA": 0.5723}  # over the paper's 10 datasets
-VARIANT_ORDER = ("bm25", "doc", "query", "sira", "sira+rerank")
 
 
 class ReportConfig(BaseModel):
@@ -74,7 +74,7 @@ def render(results: dict[str, dict], output_dir: str) -> dict:
              "that produced it; reference rows are published numbers.", ""]
     plots = []
     for dataset, r in sorted(results.items()):
-        variants = [v for v in VARIANT_ORDER if v in r["variants"]]
+        variants = [v for v in VARIANTS if v in r["variants"]]
         lines += [f"## {dataset} ({r['split']})", "", f"Command: `{r['command']}` (MLflow parent run `{r['run_id']}`)", "",
                   "| system | nDCG@10 | Recall@10 | Recall@100 | MLflow run |", "|---|---|---|---|---|"]
         for v in variants:

@@ -1,5 +1,5 @@
 """`sira run`: one dataset through the whole pipeline, ingest -> index -> enrich -> enriched index -> expand and
-evaluate the four variants (bm25, doc, query, sira), reusing whatever the warehouse already holds, tracked in
+evaluate the single-call variants (sira.core.variants: bm25, doc, query, sira), reusing whatever the warehouse already holds, tracked in
 MLflow (a parent run per invocation, a child run per variant) and ending with a comparison table.
 
 `sira+rerank` (an LLM judges sira's top-k) runs only when named in `variants` with a reranker; it is not a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -19,16 +19,15 @@ from sira.jobs import enrich as enrich_job
 from sira.jobs import eval as eval_job
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
-from sira.pipelines.index.freshness import ensure_index, fresh_or_build
+from sira.pipelines.index.freshness import ensure_index, fresh_index, fresh_or_build
 from sira.pipelines.enrichment.llm_backends import BackendConfig
 from sira.pipelines.enrichment.rerank import RerankConfig
 from sira.pipelines.tracking.stages import StageFailed
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import EvaluationParams, default_warehouse
-from sira.core.rerank import RERANK_VARIANT
+from sira.core.variants import (RERANK_VARIANT, SINGLE_CALL_VARIANTS, VariantName, needs_enriched_index,
+                                 needs_expanded_queries)
 
-VARIANTS = ("bm25", "doc", "query", "sira")  # the single-call variants, run by default
-Variant = Literal["bm25", "doc", "query", "sira", "sira+rerank"]
 
 # Rough rates measured on the 2-core reference machine, used only for the up-front time estimate.
 _SECONDS_PER_INDEX_BUILD = 75.0
@@ -49,7 +48,7 @@ class RunConfig(EvaluationParams):
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
     preset: str = "sira"
     split: str = "test"
-    variants: list[Variant] = Field(default_factory=lambda: list(VARIANTS))
+    variants: list[VariantName] = Field(default_factory=lambda: list(SINGLE_CALL_VARIANTS))
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
                                    description="query-side proposer")
     doc_backend: BackendConfig | None = Field(None, description="corpus-side proposer (default: the query side's)")
@@ -76,7 +75,7 @@ class RunConfig(EvaluationParams):
     @property
     def enriched(self) -> bool:
         """Whether a variant needs the enriched index (sira+rerank reranks sira)."""
-        return bool({"doc", "sira", RERANK_VARIANT} & set(self.variants))
+        return needs_enriched_index(self.variants)
 
     def command(self) -> str:
         """The command line that reproduces this run (options left at their defaults are omitted)."""
@@ -105,29 +104,23 @@ class RunConfig(EvaluationParams):
 
 def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
     """The stages this invocation will run (work already in the warehouse is skipped) and a rough duration."""
-    from sira.pipelines.storage.delta_io import read_table, table_exists
+    from sira.pipelines.storage.delta_io import table_version
     from sira.pipelines.enrichment.ray_enrich import docs_to_enrich
-    from sira.pipelines.index.catalog import IndexNotFound, find_index
     from sira.core import tables
     from sira.core.enrichment import load_template, task_for_dataset
 
     stages, seconds = [], 10.0
-    docs_uri = tables.table_uri(warehouse, tables.DOCS)
-    num_docs = None
-    if not table_exists(docs_uri):
+    docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
+    if docs_version is None:
         stages.append(f"ingest {cfg.dataset}")
         seconds += 15
-    else:
-        num_docs = read_table(docs_uri, columns=["doc_id"]).num_rows
-    try:
-        find_index(warehouse, preset=cfg.preset, enriched=False)
-    except IndexNotFound:
+    if docs_version is None or fresh_index(warehouse, cfg.preset, docs_version)[0] is None:
         stages.append("index (plain)")
         seconds += _SECONDS_PER_INDEX_BUILD
     if cfg.enriched:
         backend = cfg.corpus_backend
         version = backend.proposal_version(load_template("doc", cfg.task or task_for_dataset(dataset_name)).version)
-        if num_docs is None:
+        if docs_version is None:
             todo = _corpus_size(cfg.dataset)
         else:
             todo = docs_to_enrich(warehouse, backend.model_id(), version)[0].num_rows
@@ -136,9 +129,10 @@ def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], 
             seconds += todo / _DOCS_PER_SECOND.get(backend.backend, 1.0)
             if backend.backend == "encoder":
                 seconds += todo * _VOCABULARY_ENTRIES_PER_DOC / _VOCABULARY_ENTRIES_PER_SECOND  # a first vocabulary
+        if todo or fresh_index(warehouse, cfg.preset, docs_version, cfg.tau, backend.model_id(), version)[0] is None:
             stages.append("index (enriched)")
             seconds += _SECONDS_PER_INDEX_BUILD
-    if {"query", "sira", RERANK_VARIANT} & set(cfg.variants):
+    if needs_expanded_queries(cfg.variants):
         todo = _queries_to_expand(cfg, dataset_name, warehouse)
         if todo:
             stages.append(f"expand {todo} queries ({cfg.backend.backend})")

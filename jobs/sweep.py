@@ -15,6 +15,7 @@ from sira.pipelines.tracking.console import console
 from sira.pipelines.enrichment.llm_backends import BackendConfig
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import IndexBuildParams
+from sira.core.variants import SingleCallVariant
 
 SWEEPABLE = ("tau", "w", "n")
 
@@ -27,7 +28,7 @@ class SweepConfig(IndexBuildParams):
     preset: str = "sira"
     split: Literal["train", "dev"] = Field(description="the split the setting is selected on (never test)")
     test_split: str = "test"
-    variant: Literal["bm25", "doc", "query", "sira"] = "sira"
+    variant: SingleCallVariant = "sira"
     grid: dict[str, list[float]] = Field(description="tau, w and n (the n-gram order): values to try")
     metric: str = "ndcg@10"
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"))

@@ -20,7 +20,6 @@ from typing import Mapping, Sequence
 
 from sira.core.enrichment import PromptTemplate, _first_json, load_template
 
-RERANK_VARIANT = "sira+rerank"  # the one evaluation variant that is not a single BM25 call
 RERANK_DEPTH = 20
 MIN_SCORE, MAX_SCORE = 0, 100
 RERANK_JSON_SCHEMA = {

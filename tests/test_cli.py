@@ -70,6 +70,14 @@ def test_errors_are_one_clear_line_and_exit_code_2(tmp_path):
     assert "no published index" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_bad_option_value_is_one_line_naming_the_option_and_what_it_accepts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "eval", "-d", str(tmp_path), "--variant", "dense"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: --variant: 'dense' is not one of 'bm25', 'doc', 'query', 'sira', "
+                                   "'sira+rerank'")
+
+
 def test_search_constraints_and_program_files(tmp_path, tiny_beir, spark):
     wh = tmp_path / "wh"
     invoke("ingest", tiny_beir, "--warehouse", wh)

@@ -17,6 +17,7 @@ from sira.pipelines.enrichment.rerank import RerankConfig, judge_backend, rerank
 from sira.core import tables
 from sira.core.enrichment import document_input
 from sira.core.rerank import load_rerank_template, parse_score, render_judgment, rerank_order
+from sira.core.variants import SINGLE_CALL_VARIANTS
 
 JUDGE = "fake-judge"
 
@@ -85,7 +86,7 @@ def test_sira_run_does_not_rerank_unless_asked(tiny_beir):
     from sira.jobs import eval as eval_job
 
     assert run_job.RunConfig().variants == ["bm25", "doc", "query", "sira"]
-    assert run_job.VARIANTS == ("bm25", "doc", "query", "sira")
+    assert SINGLE_CALL_VARIANTS == ("bm25", "doc", "query", "sira")
     with pytest.raises(ValidationError, match="needs a reranker: --rerank-backend"):
         run_job.RunConfig(variants=["bm25", "sira+rerank"])
     with pytest.raises(ValidationError, match="add it to --variants"):

@@ -46,6 +46,27 @@ def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, sp
                           enrich_summary["model"], enrich_summary["prompt_version"], log=log)
 
 
+def fresh_index(warehouse: str, preset: str, docs_version: int | None, tau: float | None = None,
+                model: str | None = None, prompt_version: str | None = None,
+                any_model: bool = False) -> tuple[dict | None, str]:
+    """The newest index of `preset` built from docs table version `docs_version` (and, when `model` is given or
+    `any_model`, from the current enrichment table, that model and prompt, and tau), or None and why there is
+    none: the one decision of whether an index is fresh, for the jobs that build and for `sira run`'s plan."""
+    enriched = model is not None or any_model
+    try:
+        manifest = find_index(warehouse, preset=preset, enriched=enriched)
+    except IndexNotFound:
+        return None, f"no {preset} index {'with' if enriched else 'without'} enrichment in {warehouse}"
+    enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) if enriched else None
+    fresh = manifest["docs_table_version"] == docs_version and (not enriched or (
+        manifest["enrichment_table_version"] == enrichment_version and manifest["tau"] == tau
+        and (any_model or (manifest.get("enrichment_model") == model
+                           and manifest.get("enrichment_prompt_version") == prompt_version))))
+    if fresh:
+        return manifest, "fresh"
+    return None, f"index v{manifest['index_version']} is stale (built from other docs/enrichment versions or tau)"
+
+
 def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, docs_version: int,
                    tau: float | None = None, model: str | None = None, prompt_version: str | None = None,
                    any_model: bool = False, *, log: Callable[[str], None], spark: SparkSession | None = None) -> dict:
@@ -56,18 +77,10 @@ def fresh_or_build(warehouse: str, preset: str, shards: int, spark_master: str, 
     from sira.pipelines.index.context import EnrichmentChoice
 
     enriched = model is not None or any_model
-    enrichment_version = table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) if enriched else None
-    try:
-        manifest = find_index(warehouse, preset=preset, enriched=enriched)
-        fresh = manifest["docs_table_version"] == docs_version and (not enriched or (
-            manifest["enrichment_table_version"] == enrichment_version and manifest["tau"] == tau
-            and (any_model or (manifest.get("enrichment_model") == model
-                               and manifest.get("enrichment_prompt_version") == prompt_version))))
-        if fresh:
-            return manifest
-        log(f"index v{manifest['index_version']} is stale (built from other docs/enrichment versions or tau)")
-    except IndexNotFound:
-        log(f"no {preset} index {'with' if enriched else 'without'} enrichment in {warehouse}: building one")
+    manifest, why = fresh_index(warehouse, preset, docs_version, tau, model, prompt_version, any_model)
+    if manifest is not None:
+        return manifest
+    log(f"{why}: building one")
     build_in_session(warehouse, preset, shards, spark_master,
                      EnrichmentChoice(tau, model, prompt_version) if enriched else None, log=log, spark=spark)
     return find_index(warehouse, preset=preset, enriched=enriched)
