@@ -140,7 +140,7 @@ def measure_enrich_overhead(num_docs: int, workdir: str | Path, profile: str | P
     instant server, and return the measurements (top-level `docs_per_s`)."""
     from sira.jobs import enrich as enrich_job
     from sira.jobs import ingest as ingest_job
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from sira.jobs import enrich as enrich_job  # noqa: E402
 from sira.jobs import ingest as ingest_job  # noqa: E402
-from sira.pipelines.enrichment.llm_backends import BackendConfig  # noqa: E402
+from sira.pipelines.enrichment.backend_config import BackendConfig  # noqa: E402
 from sira.pipelines.enrichment.local_llm import N_CTX, chat_messages, completion_text, resolve_model  # noqa: E402
 from sira.core.enrichment import JSON_SCHEMA, document_input, load_template  # noqa: E402
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from random_checkpoint import first_docs  # noqa: E402 (bench/ is on sys.path when run as a script)
 
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
     from sira.pipelines.enrichment.local_llm import LocalLLMActor
     from sira.core.enrichment import document_input, load_template
 

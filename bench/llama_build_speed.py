@@ -37,7 +37,7 @@ def worker(prompts: list[str]) -> dict:
     """In the build's process: one 1-thread engine over `prompts`."""
     import llama_cpp
 
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
     from sira.pipelines.enrichment.local_llm import LocalLLMActor, completion_text
 
     actor = LocalLLMActor(BackendConfig(backend="local").model_dump_json(), threads=1)

@@ -34,7 +34,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from sira.pipelines.enrichment.llm_backends import BackendConfig  # noqa: E402
+from sira.pipelines.enrichment.backend_config import BackendConfig  # noqa: E402
 from sira.pipelines.enrichment.local_llm import FEWSHOT_EXAMPLES, LocalLLMActor  # noqa: E402
 from sira.core.analysis import Analyzer  # noqa: E402
 from sira.core.datasets import RawRecord, RecordError, iter_lines, parse_record, resolve_dataset  # noqa: E402

@@ -58,7 +58,7 @@ def preflight() -> None:
 
 def sampling(output_tokens: int) -> dict:
     """The decoding of both sides: the backend's defaults, with the output length fixed."""
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
 
     cfg = BackendConfig(backend="vllm", model="-")
     return {"temperature": cfg.temperature, "seed": cfg.seed, "max_tokens": output_tokens, "ignore_eos": True,

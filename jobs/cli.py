@@ -82,7 +82,7 @@ def ingest(
 def _backend(backend: str, model: str | None = None, base_url: str = DEFAULT_OPENAI_BASE_URL,
              proposals: int | None = None, entries: str | None = None, **kwargs):
     """A BackendConfig from command-line options; --proposals / --entries set the encoder proposer."""
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
     from sira.core.proposers import EncoderProposerConfig
 
     encoder = EncoderProposerConfig(**{k: v for k, v in (("proposals", proposals), ("entries", entries))
@@ -121,7 +121,7 @@ def enrich(
     task: Optional[str] = typer.Option(None, help="prompt task (generic, fact_check, argument, ...)"),
     max_n: int = typer.Option(3, "--max-n", help="longest phrase in words"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
-                                                                         "backend's, llm_backends.BATCH_SIZES)"),
+                                                                         "backend's, backend_config.BATCH_SIZES)"),
     concurrency: Optional[int] = typer.Option(None, help="engine replicas (vllm: one per GPU; default: local one "
                                                          "per CPU core, the others 1)"),
     qps: Optional[int] = typer.Option(None, help="openai: requests per second"),
@@ -558,7 +558,7 @@ def nightly(
     base_url: str = BaseUrlOption,
     api_key_env: str = typer.Option("OPENAI_API_KEY", "--api-key-env", help="openai: env var with the key"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="rows per engine call (default: the "
-                                                                         "backend's, llm_backends.BATCH_SIZES)"),
+                                                                         "backend's, backend_config.BATCH_SIZES)"),
     concurrency: Optional[int] = typer.Option(None, help="LLM engine replicas (vllm: one per GPU; default: local "
                                                          "one per CPU core, the others 1)"),
     task: Optional[str] = typer.Option(None, help="prompt task (default: the one recorded at ingest)"),

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.index.freshness import ensure_index
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.query_expansion import expand_queries
 from sira.pipelines.enrichment.rerank import RerankConfig, rerank_run
 from sira.pipelines.tracking.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info

@@ -25,7 +25,7 @@ from sira.pipelines.tracking.console import console
 from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
 from sira.pipelines.index.freshness import fresh_or_build
 from sira.pipelines.storage.ingest import IngestConfig
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.ray_enrich import COMMIT_EVERY
 from sira.pipelines.tracking.stages import StageFailed
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig

@@ -18,7 +18,7 @@ from pydantic import ConfigDict, Field
 
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.storage.warehouse_info import warehouse_task
 from sira.core import tables
 from sira.core.datasets import iter_lines

@@ -20,7 +20,7 @@ from sira.jobs import eval as eval_job
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
 from sira.pipelines.index.freshness import ensure_index, fresh_index, fresh_or_build
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.rerank import RerankConfig
 from sira.pipelines.tracking.stages import StageFailed
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig

@@ -8,7 +8,7 @@ import os
 from pydantic import ConfigDict, Field
 
 from sira.pipelines.tracking.console import console
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.core.defaults import FOLLOW_POLL_S, ExpansionParams
 from sira.core.program import DEFAULT_W
 

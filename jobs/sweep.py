@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from sira.pipelines.tracking.console import console
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import IndexBuildParams
 from sira.core.variants import SingleCallVariant

@@ -117,7 +117,7 @@ def encoder_warehouse(tmp_path_factory, tiny_beir, spark):
 def test_enrich_with_the_encoder_proposer_is_incremental(encoder_warehouse):
     from sira.jobs import enrich as enrich_job
     from sira.pipelines.storage.delta_io import read_table
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
 
     backend = BackendConfig(backend="encoder", encoder=EncoderProposerConfig(proposals=4, vocabulary_tau=0.5,
                                                                              min_similarity=0.0))
@@ -177,7 +177,7 @@ def test_vocabulary_cache_is_per_index_version(encoder_warehouse, spark):
 def test_eval_both_sides_with_the_encoder_applies_the_df_filter_after_proposing(encoder_warehouse, tiny_beir):
     from sira.jobs import eval as eval_job
     from sira.pipelines.storage.delta_io import read_table
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
 
     # The vocabulary admits terms in up to 90% of the docs; the query-side filter (tau 0.15) then rejects the
     # common ones: the proposer proposes, the DF statistics decide.

@@ -14,7 +14,7 @@ from fake_openai import POISON_MARKER, FakeOpenAI, document_of, keywords_for
 from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
 from sira.pipelines.storage.delta_io import read_table, table_version
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.core import tables
 from sira.core.enrichment import JSON_SCHEMA, document_input, load_template
 

@@ -250,7 +250,7 @@ def test_executable_invocations_parse_with_the_cli(monkeypatch):
 
 
 def test_backend_and_preset_values_exist():
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
     from sira.core.presets import PRESETS
 
     backends = set(typing.get_args(BackendConfig.model_fields["backend"].annotation))

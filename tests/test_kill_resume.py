@@ -22,7 +22,7 @@ from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
 from sira.jobs import query as query_job
 from sira.pipelines.storage.delta_io import read_table, table_version
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.ray_enrich import commit
 from sira.pipelines.index.catalog import IndexNotFound, find_index, published_versions
 from sira.pipelines.serving.shard_loader import load_searcher

@@ -126,3 +126,11 @@ def test_serving_loads_no_enrichment_dataflow():
              "'sira.pipelines.enrichment.ray_enrich', 'sira.pipelines.enrichment.query_expansion', 'ray.data'))))")
     loaded = subprocess.run([sys.executable, "-c", check], cwd=REPO, check=True, capture_output=True, text=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_a_backend_config_is_read_without_the_llm_stages():
+    """Job configs name a proposer (BackendConfig); the Ray Data LLM stages are loaded by the jobs that run them."""
+    check = ("import sys, sira.jobs.query, sira.jobs.serve, sira.jobs.sweep, sira.pipelines.index.freshness; "
+             "print('sira.pipelines.enrichment.llm_backends' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=REPO, check=True, capture_output=True, text=True)
+    assert loaded.stdout.strip() == "False"

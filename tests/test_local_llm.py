@@ -11,7 +11,7 @@ import pytest
 
 from conftest import require_local_model
 from sira.pipelines.enrichment import local_llm
-from sira.pipelines.enrichment.llm_backends import OUTPUT_COLUMNS, BackendConfig
+from sira.pipelines.enrichment.backend_config import OUTPUT_COLUMNS, BackendConfig
 from sira.core.enrichment import document_input, load_template, parse_phrases
 
 

@@ -18,9 +18,9 @@ from fake_openai import document_of
 from sira.jobs import cli
 from sira.jobs import nightly as nightly_job
 from sira.pipelines.storage.delta_io import read_table
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.index.retention import expire_versions, expired_versions
-from sira.pipelines.index.catalog import IndexNotFound, find_index, published_versions
+from sira.pipelines.index.catalog import IndexNotFound, find_index
 from sira.pipelines.serving.shard_loader import load_searcher
 from sira.pipelines.tracking.tracking import TrackingConfig
 from sira.core import tables

@@ -9,7 +9,7 @@ from sira.jobs import eval as eval_job
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
 from sira.pipelines.storage.delta_io import read_table
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.ray_enrich import commit
 from test_index_enrichment import enrichment_rows
 

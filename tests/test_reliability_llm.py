@@ -14,11 +14,11 @@ import socket
 import pytest
 
 from conftest import TINY_DOCS
-from fake_openai import FakeOpenAI, document_of, keywords_for
+from fake_openai import document_of, keywords_for
 from sira.jobs import enrich as enrich_job
 from sira.pipelines.serving.hit_details import version_injections
 from sira.pipelines.storage.delta_io import read_table
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.core import tables
 from sira.core.enrichment import MAX_PHRASE_CHARS, MAX_PHRASES, document_input, load_template
 from test_enrich_openai import MODEL, assert_one_row_per_key, enrichment_rows, local_ray, make_warehouse  # noqa: F401

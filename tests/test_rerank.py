@@ -199,7 +199,7 @@ def test_sira_run_opts_in_logs_the_cost_and_labels_it_not_single_call(tmp_path, 
     from typer.testing import CliRunner
 
     from sira.jobs.cli import app
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
     from sira.pipelines.tracking.tracking import TrackingConfig
 
     fake_openai.reset("rerank")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.tracking.tracking import TrackingConfig, flatten, metric_name
 from sira.core.proposers import EncoderProposerConfig
 

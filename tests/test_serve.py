@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import TINY_DOCS, TINY_QUERIES
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.expansion_cache import query_hash
 from sira.core import tables
 from sira.core.enrichment import load_template

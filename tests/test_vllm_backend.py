@@ -3,8 +3,8 @@ the `gpu` extra on a GPU worker (marker `gpu`, never run in CI)."""
 
 import pytest
 
-from sira.pipelines.enrichment.llm_backends import (BackendConfig, vllm_postprocess, vllm_processor_config,
-                                                    vllm_sampling_params)
+from sira.pipelines.enrichment.backend_config import BackendConfig
+from sira.pipelines.enrichment.llm_backends import vllm_postprocess, vllm_processor_config, vllm_sampling_params
 from sira.core.enrichment import JSON_SCHEMA
 
 

@@ -88,7 +88,7 @@ def evaluated(tmp_path_factory, spark, fake_openai_server):
     same index, the cached expansions): (warehouse, dataset folder, {variant: eval summary}). One index build."""
     from sira.jobs import eval as eval_job
     from sira.jobs import ingest as ingest_job
-    from sira.pipelines.enrichment.llm_backends import BackendConfig
+    from sira.pipelines.enrichment.backend_config import BackendConfig
 
     root = tmp_path_factory.mktemp("web")
     data = write_beir_folder(root / "data" / "tiny", docs=TINY_DOCS + [MARKUP_DOC])

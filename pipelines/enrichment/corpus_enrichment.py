@@ -9,7 +9,7 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from sira.pipelines.storage.ingest import Progress
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.ray_enrich import COMMIT_EVERY, COMMIT_INTERVAL_S
 
 

@@ -18,8 +18,7 @@ import random
 import time
 from typing import Callable
 
-from sira.pipelines.enrichment.backend_config import (  # noqa: F401 (BackendConfig re-exported)
-    BATCH_SIZES, OUTPUT_COLUMNS, OUTPUT_TYPES, BackendConfig)
+from sira.pipelines.enrichment.backend_config import OUTPUT_TYPES, BackendConfig
 from sira.core.enrichment import JSON_SCHEMA
 
 

@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 
 import pyarrow as pa
 
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.ray_enrich import init_ray, propose, with_replaces_error
 from sira.pipelines.enrichment.expansion_cache import errored_expansions, QUERY_MAX_N, query_hash, cached_expansions
 from sira.core import tables

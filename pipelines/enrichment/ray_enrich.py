@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sira.pipelines.storage.delta_io import data_files, merge_rows, open_data_file, read_table, table_exists
-from sira.pipelines.enrichment.llm_backends import BackendConfig, build_stage
+from sira.pipelines.enrichment.backend_config import BackendConfig
+from sira.pipelines.enrichment.llm_backends import build_stage
 from sira.core import tables
 from sira.core.analysis import index_text
 from sira.core.enrichment import PromptTemplate, document_input, parse_phrases

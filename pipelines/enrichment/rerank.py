@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
-from sira.pipelines.enrichment.llm_backends import BackendConfig, OpenAIClient, openai_request
+from sira.pipelines.enrichment.backend_config import BackendConfig
+from sira.pipelines.enrichment.llm_backends import OpenAIClient, openai_request
 from sira.pipelines.enrichment.expansion_cache import query_hash
 from sira.core import tables
 from sira.core.defaults import DEFAULT_OPENAI_BASE_URL

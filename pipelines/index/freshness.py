@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 from sira.pipelines.storage.delta_io import table_version
 from sira.pipelines.storage.ingest import IngestConfig, Progress, ingest
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.index.catalog import IndexNotFound, find_index
 from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU

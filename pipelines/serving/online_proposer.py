@@ -19,8 +19,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sira.pipelines.enrichment.llm_backends import (BackendConfig, ErrorTolerantSession, chat_messages,
-                                                    openai_postprocess, openai_request)
+from sira.pipelines.enrichment.backend_config import BackendConfig
+from sira.pipelines.enrichment.llm_backends import (ErrorTolerantSession, chat_messages, openai_postprocess,
+                                                   openai_request)
 from sira.pipelines.enrichment.expansion_cache import QUERY_MAX_N, cached_expansions, query_hash
 from sira.core.enrichment import load_template, parse_phrases
 from sira.core.proposers import Proposal

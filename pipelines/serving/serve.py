@@ -43,7 +43,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sira.pipelines.serving.hit_details import hit_details
-from sira.pipelines.enrichment.llm_backends import BackendConfig
+from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.serving.online_proposer import OnlineProposer
 from sira.pipelines.tracking.runs import RunNotFound, compare_runs, list_runs, query_detail
 from sira.core import tables
