@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +18,6 @@ from sira.pipelines.tracking.stages import StageFailed
 from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, FOLLOW_POLL_S,
                                  SHARDS_HELP, SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
 from sira.core import variants as variant_table
-from sira.core.program import DEFAULT_W
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.tracking.console.console)
 # The options several commands share, declared once (their defaults and help live in sira.core.defaults).
@@ -221,33 +221,26 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
     """Search one query (or run a retrieval program) and print the ranked hits."""
-    from sira.pipelines.serving.shard_loader import load_query_path, load_searcher
+    from sira.pipelines.serving.retrievers import OnceProposer, open_retriever
     from sira.core.program import RetrievalProgram
 
     if (text is None) == (program_file is None):
         raise ValueError("give either a query text or --program FILE")
-    searcher, manifest = load_searcher(warehouse, index_version, preset)
-    path = load_query_path(warehouse, manifest, searcher, tau, expand=expand and text is not None)
+    proposer = None
+    if expand and text is not None:
+        def failed(query: str, error: str) -> None:
+            console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {error}")
+
+        proposer = partial(OnceProposer, warehouse, _backend(backend, model, base_url), task, on_error=failed)
+    retriever, manifest = open_retriever(warehouse, index_version, preset, proposer=proposer, tau=tau, w=w, k=k)
     if program_file is not None:
         program = RetrievalProgram.model_validate_json(program_file.read_text(encoding="utf-8")) \
-            .constrained(path.analyzer, must, exclude)
-        [ranked] = path.rank([program], k)
+            .constrained(retriever.path.analyzer, must, exclude)
     else:
-        proposals, proposer = None, ""
-        if expand:
-            from sira.pipelines.serving.online_proposer import propose_once
-            from sira.pipelines.storage.warehouse_info import warehouse_task
-
-            cfg = _backend(backend, model, base_url)
-            proposal = propose_once(warehouse, cfg, warehouse_task(warehouse, task), text, manifest)
-            if proposal.error:
-                console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {proposal.error}")
-            proposals, proposer, w = [proposal], cfg.model_id(), cfg.resolve_w(w)
-        # Without expansion the program has no expansion part for w to weigh: the program's default is recorded.
-        [program], [ranked] = path.search([text], k, proposals, DEFAULT_W if w is None else w, proposer,
-                                          must=must, exclude=exclude)
-    hits = list(zip(ranked[0].to_pylist(), ranked[1].tolist()))
-    contributions = path.contributions(program, [d for d, _ in hits]) if explain else {}
+        [program] = retriever.programs([text], must, exclude)
+    results = retriever.rank([""], [program])
+    hits = list(zip(results["doc_id"].to_pylist(), results["score"].to_pylist()))
+    contributions = retriever.contributions(program, [d for d, _ in hits]) if explain else {}
     if as_json:
         out = {
             "query": program.query,

@@ -11,20 +11,16 @@ from pydantic import ConfigDict, Field, model_validator
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.index.freshness import ensure_index
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.pipelines.enrichment.query_expansion import expand_queries
 from sira.pipelines.enrichment.rerank import RerankConfig, rerank_run
 from sira.pipelines.tracking.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
-from sira.pipelines.serving.shard_loader import load_query_path, load_searcher
+from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
 from sira.core import tables
 from sira.core.datasets import resolve_dataset
 from sira.core.defaults import EvaluationParams, default_warehouse
-from sira.core.enrichment import task_for_dataset
-from sira.core.program import DEFAULT_W, RetrievalProgram
+from sira.core.retriever import hits_by_query
 from sira.core.variants import RERANK_VARIANT, VariantName, help_text, variant
 from sira.core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
-
-QUERY_BATCH = 256
 
 
 class EvalConfig(EvaluationParams):
@@ -59,10 +55,6 @@ class EvalConfig(EvaluationParams):
         return variant(self.variant).first_stage
 
     @property
-    def resolved_w(self) -> float:
-        return self.backend.resolve_w(self.w)
-
-    @property
     def enriched(self) -> bool:
         return variant(self.variant).enriched_index
 
@@ -72,16 +64,6 @@ class EvalConfig(EvaluationParams):
 
     def warehouse_path(self, dataset_name: str) -> str:
         return self.warehouse or default_warehouse(dataset_name)
-
-
-def expand(cfg: EvalConfig, dataset_name: str, warehouse: str, manifest: dict,
-           queries: dict[str, str]) -> tuple[dict | None, dict | None]:
-    """(query / sira variants) Each query's proposal and the expansion job's summary; (None, None) otherwise."""
-    if not cfg.expanded:
-        return None, None
-    with progress_bar("expand queries", total=len(queries), unit="queries") as advance:
-        return expand_queries(warehouse, queries, cfg.task or task_for_dataset(dataset_name), cfg.backend,
-                              cfg.ray_address, on_progress=advance, manifest=manifest)
 
 
 def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
@@ -95,31 +77,27 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
         manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
                                 enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
                                 log=console.log, progress=progress_bar)
-    searcher, manifest = load_searcher(warehouse, manifest["index_version"])
-    proposals, expansion = expand(cfg, dataset.name, warehouse, manifest, queries)
-    path = load_query_path(warehouse, manifest, searcher, cfg.tau, expand=cfg.expanded)
-
-    # A plain program records the default w: it has no expansion part for w to weigh.
-    w, proposer, prompt_version = (cfg.resolved_w, expansion["model"], expansion["prompt_version"]) if expansion \
-        else (DEFAULT_W, "", None)
-    programs: dict[str, RetrievalProgram] = {}
-    run_hits: dict[str, dict[str, float]] = {}
-    started = time.perf_counter()
+    proposer = (lambda m: CachedBatchProposer(warehouse, cfg.backend, cfg.task, m, cfg.ray_address)) \
+        if cfg.expanded else None
+    # A dataset whose queries are documents: a query's own document is never among its hits.
+    retriever, manifest = open_retriever(warehouse, manifest=manifest, proposer=proposer, tau=cfg.tau, w=cfg.w,
+                                         k=cfg.depth, exclude_self=dataset.queries_are_documents)
     qids = list(queries)
+    proposals = None
+    if retriever.proposer is not None:
+        with progress_bar("expand queries", total=len(qids), unit="queries") as advance:
+            retriever.proposer.on_progress = advance
+            proposals = retriever.proposer.propose([queries[q] for q in qids])
+    started = time.perf_counter()
     with progress_bar(f"{dataset.name}/{cfg.split} queries", total=len(qids), unit="queries") as advance:
-        for start in range(0, len(qids), QUERY_BATCH):
-            batch = qids[start : start + QUERY_BATCH]
-            exclude = [(q,) if dataset.queries_are_documents else () for q in batch]
-            batch_programs, ranked = path.search(
-                [queries[q] for q in batch], cfg.depth, None if proposals is None else [proposals[q] for q in batch],
-                w, proposer, prompt_version, exclude_doc_ids=exclude)
-            for qid, program, (doc_ids, scores) in zip(batch, batch_programs, ranked):
-                programs[qid] = program
-                run_hits[qid] = dict(zip(doc_ids.to_pylist(), scores.tolist()))
-            advance(len(batch))
-    if expansion is not None:
-        expansion = {**expansion, "phrases_proposed": sum(len(p.phrases) for p in proposals.values()),
-                     "phrases_kept": sum(e.kept for p in programs.values() for e in p.expansions)}
+        program_list, results = retriever.run(queries, proposals=proposals,
+                                              on_batch=lambda batch, *_: advance(len(batch)))
+    programs = dict(zip(qids, program_list))
+    run_hits = {q: {} for q in qids} | hits_by_query(results)
+    expansion = None
+    if proposals is not None:
+        expansion = {**retriever.proposer.summary, "phrases_proposed": sum(len(p.phrases) for p in proposals),
+                     "phrases_kept": sum(e.kept for p in program_list for e in p.expansions)}
     rerank_summary = None
     if cfg.rerank is not None:
         with progress_bar("rerank judgments", total=None, unit="judgments") as advance:

@@ -19,11 +19,11 @@ from pydantic import ConfigDict, Field
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.pipelines.storage.warehouse_info import warehouse_task
 from sira.core import tables
 from sira.core.datasets import iter_lines
 from sira.core.defaults import ExpansionParams
 from sira.core.metrics import write_trec_run
+from sira.core.retriever import hits_by_query
 
 
 class QueryConfig(ExpansionParams):
@@ -67,11 +67,9 @@ def read_queries(spec: str) -> dict[str, str]:
 
 
 def run(cfg: QueryConfig) -> dict:
-    from sira.pipelines.enrichment.query_expansion import expand_queries
     from sira.pipelines.enrichment.ray_enrich import init_ray
-    from sira.pipelines.serving.shard_actors import ShardActors, start_shard_actors
     from sira.pipelines.index.catalog import find_index
-    from sira.pipelines.serving.shard_loader import load_query_path
+    from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
     queries = read_queries(cfg.queries)
@@ -99,23 +97,22 @@ def run(cfg: QueryConfig) -> dict:
     expansion = None
     if todo:
         init_ray(cfg.ray_address)
-        proposals = None
-        if cfg.expand:
+        todo = {q: todo[q] for q in sorted(todo)}
+        proposer, proposals = None, None
+        if cfg.expand:  # before the shard actors start: the expansion dataflow has the machine's cores to itself
+            proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address)
             with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
-                proposals, expansion = expand_queries(cfg.warehouse, todo, warehouse_task(cfg.warehouse, cfg.task), cfg.backend, cfg.ray_address,
-                                                      on_progress=advance, manifest=manifest)
-        path = load_query_path(cfg.warehouse, manifest, ShardActors(start_shard_actors(cfg.warehouse, manifest)),
-                               cfg.tau, expand=cfg.expand)
-        qids = sorted(todo)
-        with progress_bar("score queries", total=len(qids), unit="queries") as advance:
-            for start in range(0, len(qids), cfg.batch_size):
-                batch = qids[start : start + cfg.batch_size]
-                programs, ranked = path.search(
-                    [todo[q] for q in batch], cfg.k, [proposals[q] for q in batch] if cfg.expand else None,
-                    cfg.backend.resolve_w(cfg.w), (expansion or {}).get("model", ""),
-                    (expansion or {}).get("prompt_version"))
-                _commit_runs(runs_uri, run_id, batch, todo, programs, ranked, manifest["index_version"])
-                advance(len(batch))
+                proposer.on_progress = advance
+                proposals = proposer.propose(list(todo.values()))
+            expansion = proposer.summary
+        retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer="actors", proposer=proposer,
+                                      tau=cfg.tau, w=cfg.w, k=cfg.k, batch_size=cfg.batch_size)
+        with progress_bar("score queries", total=len(todo), unit="queries") as advance:
+            def commit(qids: list[str], programs: list, results: pa.Table) -> None:
+                _commit_runs(runs_uri, run_id, qids, todo, programs, results, manifest["index_version"])
+                advance(len(qids))
+
+            retriever.run(todo, proposals=proposals, on_batch=commit)
     rows = read_table(runs_uri, columns=["run_id", "qid", "doc_ids", "scores"]) if table_exists(runs_uri) else \
         pa.Table.from_pylist([], schema=tables.RUNS_SCHEMA)
     rows = rows.filter(pc.equal(rows["run_id"], run_id))
@@ -127,11 +124,12 @@ def run(cfg: QueryConfig) -> dict:
             "seconds": time.perf_counter() - started}
 
 
-def _commit_runs(uri, run_id, qids, texts, programs, ranked, index_version) -> None:
+def _commit_runs(uri, run_id, qids, texts, programs, results: pa.Table, index_version) -> None:
     now = datetime.now(timezone.utc)
+    hits = hits_by_query(results)  # each query's hits best first
     rows = pa.Table.from_pylist([
         {"run_id": run_id, "qid": q, "query": texts[q], "program": p.model_dump_json(),
-         "doc_ids": doc_ids.to_pylist(), "scores": scores.tolist(), "index_version": index_version,
+         "doc_ids": list(hits.get(q, {})), "scores": list(hits.get(q, {}).values()), "index_version": index_version,
          "created_at": now}
-        for q, p, (doc_ids, scores) in zip(qids, programs, ranked)], schema=tables.RUNS_SCHEMA)
+        for q, p in zip(qids, programs)], schema=tables.RUNS_SCHEMA)
     merge_rows(uri, rows, tables.RUNS_KEY)

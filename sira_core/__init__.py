@@ -19,6 +19,7 @@ _HOMES = {
     "build_searcher": "memory_index",
     "RetrievalProgram": "program", "Expansion": "program",
     "QueryPath": "query_path", "Scorer": "query_path",
+    "Retriever": "retriever", "hits_by_query": "retriever", "TermProposer": "proposers", "Proposal": "proposers",
     "DFTable": "dfstats", "corpus_side_filter": "dfstats", "query_side_filter": "dfstats",
     "evaluate_run": "metrics", "paired_comparison": "metrics", "read_trec_run": "metrics", "write_trec_run": "metrics",
     "DEFAULT_TAU": "defaults",

@@ -36,12 +36,16 @@ class Proposal:
 
 
 class TermProposer(Protocol):
-    """What the enrichment and expansion jobs need from a source of phrases."""
+    """A source of expansion phrases for a batch of texts (sira.core.retriever.Retriever asks one per query set;
+    the adapters are in sira.pipelines.serving.retrievers)."""
 
-    name: str     # recorded as `model` in the proposals tables
+    name: str     # recorded as `model` in the proposals tables and in each program
     version: str  # recorded as `prompt_version`: a change re-proposes everything
+    default_w: float  # the expansion weight its phrases get unless one is given
 
-    def propose(self, texts: Sequence[str]) -> list[Proposal]: ...
+    def propose(self, texts: Sequence[str]) -> list[Proposal]:
+        """One proposal per text, in order (an error in a proposal means no phrases for that text)."""
+        ...
 
 
 class EncoderProposerConfig(BaseModel):

@@ -200,8 +200,3 @@ class Searcher:
     def run_program(self, program, k: int = 10, exclude_doc_ids: Iterable[str] = (), explain: bool = False) -> list[Hit]:
         """One call of the searcher for a RetrievalProgram (sira.core.program)."""
         return self.search(program.parts(), k, exclude_doc_ids, explain, program.must, program.exclude)
-
-    def search_many(self, queries: Sequence[Query], k: int = 10,
-                    exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[list[Hit]]:
-        """Hits of a batch of queries as objects; rank_many keeps them as columns."""
-        return [r.hits() for r in self.rank_many(queries, k, exclude_doc_ids)]

@@ -79,3 +79,55 @@ def test_proposals_need_the_df_table_and_one_per_query(path):
         QueryPath(path.scorer, path.analyzer, len(DOCS)).programs(QUERIES, PROPOSALS)
     with pytest.raises(ValueError, match="2 queries but 1 proposals"):
         path.programs(QUERIES, PROPOSALS[:1])
+
+
+class RecordedProposer:
+    """A TermProposer that answers from PROPOSALS and counts its calls."""
+
+    name, version, default_w = "recorded", "p1", 0.25
+
+    def __init__(self):
+        self.calls = []
+
+    def propose(self, texts):
+        self.calls.append(list(texts))
+        return [PROPOSALS[QUERIES.index(t)] for t in texts]
+
+
+def test_a_retriever_is_a_table_in_table_out_call_with_one_home_for_w_and_self_hits(path):
+    import pyarrow as pa
+
+    from sira.core.retriever import RESULTS_SCHEMA, Retriever, hits_by_query
+
+    proposer = RecordedProposer()
+    retriever = Retriever(path, proposer, k=5, batch_size=1)
+    queries = pa.table({"qid": ["q1", "q2"], "query": QUERIES})
+    programs, results = retriever.run(queries)
+    assert results.schema == RESULTS_SCHEMA and proposer.calls == [QUERIES]  # asked once for the whole set
+    assert [p.w for p in programs] == [0.25, 0.25] and programs[0].expansions[0].proposer == "recorded"
+    expected_programs, ranked = path.search(QUERIES, 5, PROPOSALS, w=0.25, proposer="recorded", prompt_version="p1")
+    assert programs == expected_programs
+    assert hits_by_query(results) == {q: dict(zip(ids.to_pylist(), scores.tolist()))
+                                      for q, (ids, scores) in zip(["q1", "q2"], ranked) if len(ids)}
+    q1 = results.filter(pa.compute.equal(results["qid"], "q1"))
+    assert q1["rank"].to_pylist() == list(range(1, q1.num_rows + 1))
+    assert q1["program"].combine_chunks().dictionary.to_pylist()[0] == programs[0].model_dump_json()
+    assert retriever(queries).equals(results)
+    # An explicit w wins over the proposer's; a plain retriever records the program's default.
+    assert Retriever(path, proposer, w=0.7).programs(QUERIES)[0].w == 0.7
+    assert Retriever(path).programs(QUERIES)[0].w == 0.5 and Retriever(path, w=0.7).programs(QUERIES)[0].w == 0.5
+    # A query whose id is a document's never gets that document back.
+    plain = Retriever(path, k=3)
+    assert "a" in hits_by_query(plain({"a": "heart attack aspirin"}))["a"]
+    assert "a" not in hits_by_query(Retriever(path, k=3, exclude_self=True)({"a": "heart attack aspirin"}))["a"]
+
+
+def test_a_retriever_refuses_queries_without_an_id_or_a_text(path):
+    import pyarrow as pa
+
+    from sira.core.retriever import Retriever
+
+    with pytest.raises(ValueError, match="needs columns qid and query"):
+        Retriever(path)(pa.table({"id": ["1"], "text": ["x"]}))
+    with pytest.raises(ValueError, match="query 'q2': a query needs an id and a text"):
+        Retriever(path)({"q1": "heart", "q2": "  "})
