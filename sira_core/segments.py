@@ -237,7 +237,7 @@ def _row_length(r, n_big, big_indptr, small_indptr):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _impact(w, tf, k1_plus_1, norm_d):
-    """bm25._impacts' operations in its order: the same bits as a full build's impact."""
+    """bm25.formulas._impacts' operations in its order: the same bits as a full build's impact."""
     tf = np.float64(tf)
     return w * (tf * k1_plus_1 / (tf + norm_d))
 
@@ -248,8 +248,8 @@ def _merge_postings(seq_rows, term_rows, union, big_indptr, big_ords, big_tfs, b
                     out_impacts):
     """One pass: each term's (union[t]) live postings of all its rows (seq_rows[term_rows[t]:term_rows[t + 1]];
     rows below n_big are the big part's, read through its ordinal map) merged in ordinal order with their impacts (the operations of
-    bm25._impacts, so the same bits as a full build's) and each term's largest impact. A term's rows go shortest
-    first into its growing list, so the longest is passed over once; a term left without a live posting is
+    bm25.formulas._impacts, so the same bits as a full build's) and each term's largest impact. A term's rows go
+    shortest first into its growing list, so the longest is passed over once; a term left without a live posting is
     dropped. Returns (terms written, the index of a term with live postings but no DF (NaN idf), or -1)."""
     longest = 0
     for t in range(len(term_rows) - 1):

@@ -18,12 +18,14 @@ PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stem
 # Production settings, and one that stresses every path: terms in tiers from 4 postings, merges whenever a list is
 # longer than the candidates (galloping, not scanning), many lists added to touched docs after the switch, and
 # a pool that is kept down to its k best whenever it holds 2k docs.
-SETTINGS = [(bm25.TIER_MIN_POSTINGS, bm25.MERGE_RATIO, bm25.EXTEND_FRACTION, bm25.POOL_CAPACITY), (4, 1, 0.3, 1)]
+TUNED = [(bm25.shard, "TIER_MIN_POSTINGS"), (bm25.pruning, "MERGE_RATIO"), (bm25.pruning, "EXTEND_FRACTION"),
+         (bm25.pruning, "POOL_CAPACITY")]  # each on the submodule that reads it at call time
+SETTINGS = [tuple(getattr(module, name) for module, name in TUNED), (4, 1, 0.3, 1)]
 
 
 def use_settings(monkeypatch, settings):
-    for name, value in zip(("TIER_MIN_POSTINGS", "MERGE_RATIO", "EXTEND_FRACTION", "POOL_CAPACITY"), settings):
-        monkeypatch.setattr(bm25, name, value)
+    for (module, name), value in zip(TUNED, settings):
+        monkeypatch.setattr(module, name, value)
 
 
 def synthetic_shard(n_docs: int, vocab: int, kind: str, seed: int) -> ShardIndex:
@@ -233,7 +235,7 @@ def test_terms_in_tiers_keep_explain_and_constraints_exact(monkeypatch):
     use_settings(monkeypatch, SETTINGS[1])
     shard = synthetic_shard(2000, 100, "zipf", seed=9)
     assert len(shard.tier_rows) > 0
-    monkeypatch.setattr(bm25, "TIER_MIN_POSTINGS", 10**9)
+    monkeypatch.setattr(bm25.shard, "TIER_MIN_POSTINGS", 10**9)
     untiered = synthetic_shard(2000, 100, "zipf", seed=9)
     assert len(untiered.tier_rows) == 0
     for tid in shard.term_ids[:30]:

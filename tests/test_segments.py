@@ -98,7 +98,7 @@ def test_a_repeated_block_is_named():
 
 @pytest.mark.parametrize("n_segments", [1, 2, 5])
 def test_merged_segments_equal_their_live_documents_indexed_at_once(n_segments, monkeypatch):
-    monkeypatch.setattr(bm25, "TIER_MIN_POSTINGS", 16)  # long lists are stored in two tiers: split in place here
+    monkeypatch.setattr(bm25.shard, "TIER_MIN_POSTINGS", 16)  # long lists are stored in two tiers: split in place here
     rng = np.random.default_rng(n_segments)
     names = [f"doc-{i:04d}" for i in rng.permutation(400)]
     cuts = np.sort(rng.choice(np.arange(1, 400), n_segments - 1, replace=False))
