@@ -221,23 +221,23 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print JSON (hits and the retrieval program)"),
 ):
     """Search one query (or run a retrieval program) and print the ranked hits."""
-    from sira.pipelines.serving.retrievers import OnceProposer, open_retriever
+    from sira.pipelines.serving.online_proposer import OnlineProposer
+    from sira.pipelines.serving.retrievers import open_retriever
     from sira.core.program import RetrievalProgram
 
     if (text is None) == (program_file is None):
         raise ValueError("give either a query text or --program FILE")
-    proposer = None
-    if expand and text is not None:
-        def failed(query: str, error: str) -> None:
-            console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {error}")
-
-        proposer = partial(OnceProposer, warehouse, _backend(backend, model, base_url), task, on_error=failed)
+    expand = expand and text is not None
+    proposer = partial(OnlineProposer, warehouse, _backend(backend, model, base_url), task) if expand else None
     retriever, manifest = open_retriever(warehouse, index_version, preset, proposer=proposer, tau=tau, w=w, k=k)
     if program_file is not None:
         program = RetrievalProgram.model_validate_json(program_file.read_text(encoding="utf-8")) \
             .constrained(retriever.path.analyzer, must, exclude)
     else:
-        [program] = retriever.programs([text], must, exclude)
+        proposals = retriever.proposer.propose([text]) if expand else None
+        if expand and proposals[0].error:
+            console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {proposals[0].error}")
+        [program] = retriever.programs([text], must, exclude, proposals)
     results = retriever.rank([""], [program])
     hits = list(zip(results["doc_id"].to_pylist(), results["score"].to_pylist()))
     contributions = retriever.contributions(program, [d for d, _ in hits]) if explain else {}

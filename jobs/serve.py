@@ -10,7 +10,6 @@ from pydantic import ConfigDict, Field
 from sira.pipelines.tracking.console import console
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.core.defaults import FOLLOW_POLL_S, ExpansionParams
-from sira.core.program import DEFAULT_W
 
 
 class ServeConfig(ExpansionParams):
@@ -60,8 +59,7 @@ def run(cfg: ServeConfig) -> None:
 
     limits = Limits(cfg.max_query_chars, cfg.max_k, cfg.max_concurrent, cfg.api_token())
     task = warehouse_task(cfg.warehouse, cfg.task)
-    w = cfg.backend.resolve_w(cfg.w) if cfg.backend else (cfg.w if cfg.w is not None else DEFAULT_W)
-    service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task, w,
+    service = SearchService.start(cfg.warehouse, cfg.index_version, cfg.preset, cfg.backend, task, cfg.w,
                                   cfg.tau, cfg.ray_address, follow=cfg.following)
     m = service.manifest
     if limits.api_token is None and not _is_loopback(cfg.host):

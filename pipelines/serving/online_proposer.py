@@ -18,11 +18,13 @@ import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Sequence
 
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.llm_backends import (ErrorTolerantSession, chat_messages, openai_postprocess,
                                                    openai_request)
 from sira.pipelines.enrichment.expansion_cache import QUERY_MAX_N, cached_expansions, query_hash
+from sira.pipelines.storage.warehouse_info import warehouse_task
 from sira.core.enrichment import load_template, parse_phrases
 from sira.core.proposers import Proposal
 
@@ -38,9 +40,12 @@ class OnlineProposal(Proposal):
 
 
 class OnlineProposer:
-    """Call start() inside the serving event loop before the first propose(), close() when done."""
+    """A TermProposer (sira.core.proposers) one query at a time. In a server: start() inside its event loop, then
+    `await ask(query)` per request, close() when done. Outside one, `propose(texts)` does all three (`sira search
+    --expand`)."""
 
-    def __init__(self, warehouse: str, backend: BackendConfig, task: str, manifest: dict | None = None):
+    def __init__(self, warehouse: str, backend: BackendConfig, task: str | None, manifest: dict | None = None):
+        """`task`: the prompt task; None: the warehouse's (`warehouse_task`)."""
         if backend.backend not in ONLINE_BACKENDS:
             raise ValueError(f"online expansion needs backend openai, local or encoder, not {backend.backend!r} "
                              "(vllm runs as a batch dataflow: use it through `sira query`)")
@@ -48,9 +53,10 @@ class OnlineProposer:
             raise ValueError("the encoder proposer needs the served index (its vocabulary)")
         self.backend = backend
         self.warehouse, self.manifest = warehouse, manifest
-        self.template = load_template("query", task)
+        self.template = load_template("query", warehouse_task(warehouse, task))
         self.model = backend.model_id()
         self.prompt_version = backend.proposal_version(self.template.version)
+        self.name, self.version, self.default_w = self.model, self.prompt_version, backend.resolve_w(None)
         self.cache = cached_expansions(warehouse, self.model, self.prompt_version)
         self._session: ErrorTolerantSession | None = None
         self._llm = None
@@ -86,7 +92,23 @@ class OnlineProposer:
             self._worker.shutdown(wait=True)
             self._worker = None
 
-    async def propose(self, query: str) -> OnlineProposal:
+    def propose(self, texts: Sequence[str]) -> list[OnlineProposal]:
+        """Each text's proposal, outside a running event loop (in one, on a thread of its own: a notebook)."""
+        async def ask_all() -> list[OnlineProposal]:
+            await self.start()
+            try:
+                return [await self.ask(text) for text in texts]
+            finally:
+                await self.close()
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(ask_all())
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, ask_all()).result()
+
+    async def ask(self, query: str) -> OnlineProposal:
         cached = self.cache.get(query_hash(query))
         if cached is not None:
             return OnlineProposal(list(cached.phrases), list(cached.weights), source="cache")
@@ -116,20 +138,5 @@ class OnlineProposer:
 
 def propose_once(warehouse: str, backend: BackendConfig, task: str, query: str,
                  manifest: dict | None = None) -> OnlineProposal:
-    """One expansion outside a server (`sira search --expand`): start, ask, close."""
-
-    async def ask() -> OnlineProposal:
-        proposer = OnlineProposer(warehouse, backend, task, manifest)
-        await proposer.start()
-        try:
-            return await proposer.propose(query)
-        finally:
-            await proposer.close()
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(ask())
-    # Called from inside an event loop (a notebook): run the expansion on a loop of its own.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, ask()).result()
+    """One expansion outside a server: start, ask, close."""
+    return OnlineProposer(warehouse, backend, task, manifest).propose([query])[0]

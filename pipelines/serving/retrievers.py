@@ -4,10 +4,10 @@ memory-mapped shard cache) or as Ray shard actors, and puts a query-side propose
 The proposers (sira.core.proposers.TermProposer) a retriever can ask:
 - `CachedBatchProposer`: the query-expansion dataflow (Ray Data; any backend, the encoder included) with its Delta
   cache, for query sets (`sira eval`, `sira query`);
-- `OnceProposer`: the online path's proposer, one query at a time outside a server (`sira search --expand`);
+- `OnlineProposer` (sira.pipelines.serving.online_proposer): one query at a time, the server's and `sira search
+  --expand`'s;
 - none: plain queries.
-Both take the prompt task from the warehouse (`warehouse_task`: --task, else the one recorded at ingest), the one
-place it is decided.
+Both take the prompt task from the warehouse unless given (`warehouse_task`: --task, else the one recorded at ingest).
 """
 
 from __future__ import annotations
@@ -45,34 +45,6 @@ class CachedBatchProposer:
         proposals, self.summary = expand_queries(self.warehouse, keyed, self.task, self.backend, self.ray_address,
                                                  on_progress=self.on_progress, manifest=self.manifest)
         return [proposals[key] for key in keyed]
-
-
-class OnceProposer:
-    """The online proposer (sira.pipelines.serving.online_proposer: the expansions cache, then the backend), one
-    query at a time and started for each. `on_error(text, error)` hears of a failed expansion: that query is
-    searched plain."""
-
-    def __init__(self, warehouse: str, backend: BackendConfig, task: str | None, manifest: dict,
-                 on_error: Callable[[str, str], None] = lambda text, error: None):
-        from sira.pipelines.serving.online_proposer import OnlineProposer
-
-        task = warehouse_task(warehouse, task)
-        probe = OnlineProposer(warehouse, backend, task, manifest)  # refuses a backend with no online path, now
-        self.warehouse, self.backend, self.task, self.manifest, self.on_error = \
-            warehouse, backend, task, manifest, on_error
-        self.name, self.version = probe.model, probe.prompt_version
-        self.default_w = backend.resolve_w(None)
-
-    def propose(self, texts: Sequence[str]) -> list[Proposal]:
-        from sira.pipelines.serving.online_proposer import propose_once
-
-        out = []
-        for text in texts:
-            proposal = propose_once(self.warehouse, self.backend, self.task, text, self.manifest)
-            if proposal.error:
-                self.on_error(text, proposal.error)
-            out.append(proposal)
-        return out
 
 
 def open_retriever(warehouse: str, index_version: int | None = None, preset: str | None = None, *,

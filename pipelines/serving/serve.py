@@ -34,7 +34,7 @@ import json
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -48,8 +48,9 @@ from sira.pipelines.serving.online_proposer import OnlineProposer
 from sira.pipelines.tracking.runs import RunNotFound, compare_runs, list_runs, query_detail
 from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU, FOLLOW_POLL_S
-from sira.core.program import DEFAULT_W, RetrievalProgram
+from sira.core.program import RetrievalProgram
 from sira.core.query_path import QueryPath
+from sira.core.retriever import Retriever
 
 log = logging.getLogger("sira.serve")
 
@@ -105,14 +106,21 @@ class TooLarge(BadRequest):
 
 @dataclass
 class ServedIndex:
-    """One index version as served: its manifest, its query path over the shard actors holding it, and the
-    proposer of query-side expansion (it reads the version's vocabulary)."""
+    """One index version as served: its manifest and its retriever: the query path over the shard actors holding
+    it, and the proposer of query-side expansion (it reads the version's vocabulary)."""
 
     manifest: dict
-    path: QueryPath
-    proposer: OnlineProposer | None = None
+    retriever: Retriever
     owns_actors: bool = True  # actors handed in by the caller are the caller's to stop
     in_flight: int = 0  # searches that started on this version and have not finished
+
+    @property
+    def path(self) -> QueryPath:
+        return self.retriever.path
+
+    @property
+    def proposer(self) -> OnlineProposer | None:
+        return self.retriever.proposer
 
     @property
     def actors(self) -> list:
@@ -131,7 +139,7 @@ class SearchService:
     current: ServedIndex
     backend: BackendConfig | None = None
     task: str = "generic"
-    w: float = DEFAULT_W
+    w: float | None = None  # None: the proposer's own default
     tau: float = DEFAULT_TAU
     follow: bool = False
     in_flight: int = field(default=0, init=False)
@@ -141,7 +149,8 @@ class SearchService:
 
     @classmethod
     def start(cls, warehouse: str, index_version: int | None = None, preset: str | None = None,
-              backend: BackendConfig | None = None, task: str = "generic", w: float = DEFAULT_W, tau: float = DEFAULT_TAU,
+              backend: BackendConfig | None = None, task: str = "generic", w: float | None = None,
+              tau: float = DEFAULT_TAU,
               ray_address: str | None = None, actors: list | None = None, follow: bool = False) -> "SearchService":
         """Find the index version, start one actor per shard (or use `actors`), load what expansion needs."""
         from sira.pipelines.enrichment.ray_enrich import init_ray
@@ -171,7 +180,7 @@ class SearchService:
             actors = start_shard_actors(self.warehouse, manifest)
         shards = ShardActors(actors, manifest["index_version"])
         path = load_query_path(self.warehouse, manifest, shards, self.tau, expand=proposer is not None)
-        return ServedIndex(manifest, path, proposer, owns)
+        return ServedIndex(manifest, Retriever(path, proposer, self.w), owns)
 
     # The served version's parts, for callers that do not care about switching.
     @property
@@ -278,20 +287,21 @@ class SearchService:
             raise BadRequest(str(exc)) from exc
         started = time.perf_counter()
         proposals, expansion = None, None
+        retriever = index.retriever if req.expand else replace(index.retriever, proposer=None)
+        if req.w is not None:
+            retriever = replace(retriever, w=req.w)
         if req.expand:
-            proposal = await index.proposer.propose(req.query)
+            proposal = await index.proposer.ask(req.query)
             # A failed expansion degrades to the plain query (the program shows no expansions) rather than failing
             # the search; the response says why.
             proposals, expansion = [proposal], {"source": proposal.source, "error": proposal.error}
         expanded = time.perf_counter()
         m = index.manifest
         loop = asyncio.get_running_loop()
+        [program] = retriever.programs([req.query], req.must, req.exclude, proposals)
         # The scorer blocks on the shard actors: on a worker thread, so the event loop keeps answering.
-        [program], [(doc_ids, scores)] = await loop.run_in_executor(None, lambda: index.path.search(
-            [req.query], req.k, proposals, self.w if req.w is None else req.w,
-            index.proposer.model if req.expand else "", index.proposer.prompt_version if req.expand else None,
-            req.must, req.exclude))
-        hits = [{"doc_id": d, "score": s} for d, s in zip(doc_ids.to_pylist(), scores.tolist())]
+        results = await loop.run_in_executor(None, retriever.rank, [""], [program], req.k)
+        hits = [{"doc_id": d, "score": s} for d, s in zip(results["doc_id"].to_pylist(), results["score"].to_pylist())]
         scored = time.perf_counter()
         out = {
             "hits": hits,
