@@ -83,6 +83,21 @@ def log(msg: str) -> None:
     print(f"[{datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
 
 
+def require_own_code() -> None:
+    """Refuse to measure code other than this checkout's: a worktree with PYTHONPATH alone imported sira.core,
+    sira.pipelines and sira.jobs from the main checkout (the editable install's mapping). Make benchmark worktrees
+    with bench/worktree.sh."""
+    import sira.core
+    import sira.jobs
+    import sira.pipelines
+
+    for package in (sira.core, sira.pipelines, sira.jobs):
+        where = Path(package.__path__[0]).resolve()
+        if REPO_ROOT.resolve() not in where.parents:
+            raise SystemExit(f"{package.__name__} is imported from {where}, not from this checkout ({REPO_ROOT}): "
+                             "the run would measure other code. Make the worktree with bench/worktree.sh")
+
+
 def git_commit() -> str:
     def git(*a):
         return subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -603,6 +618,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    require_own_code()
     if args.compare:
         return compare_worker(*args.compare)
     if args.continue_from:

@@ -433,7 +433,10 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
+    from bench.nights import require_own_code
+
     args = parse_args(argv)
+    require_own_code()
     if args.bm25s_index:
         return bm25s_index_worker(args.bm25s_index)
     if args.load:

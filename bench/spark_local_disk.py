@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import instant_openai  # noqa: E402
-from bench.nights import full_build, git_commit  # noqa: E402
+from bench.nights import full_build, git_commit, require_own_code  # noqa: E402
 from bench.scale import write_report  # noqa: E402
 
 
@@ -96,6 +96,7 @@ def main(argv=None) -> None:
     ap.add_argument("--local-dir", default="/tmp", help="where the local Spark keeps its blockmgr-* folders")
     ap.add_argument("--output-json", type=Path)
     args = ap.parse_args(argv)
+    require_own_code()
     write_report(measure(args), args.output_json)
 
 
