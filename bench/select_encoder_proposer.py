@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sira.pipelines.enrichment.encoder import MiniLMEncoder  # noqa: E402
 from sira.core.analysis import Analyzer, index_text, ngrams  # noqa: E402
 from sira.core.datasets import resolve_dataset  # noqa: E402
-from sira.core.dfstats import query_side_filter  # noqa: E402
+from sira.core.dfstats import DFTable  # noqa: E402
 from sira.core.memory_index import build_searcher  # noqa: E402
 from sira.core.presets import get_preset  # noqa: E402
-from sira.core.program import RetrievalProgram  # noqa: E402
+from sira.core.query_path import QueryPath  # noqa: E402
+from sira.core.retriever import Retriever, hits_by_query  # noqa: E402
 from sira.core.proposers import (EncoderProposerConfig, Vocabulary, held_terms, nearest_entries,  # noqa: E402
                                  surface_forms, vocabulary_entries)
 
@@ -134,26 +135,19 @@ def main() -> None:
                 phrases = {i: p.phrases for i, p in zip(ids, props)}
             searchers[key] = build_searcher(docs, preset, phrases=phrases, tau=cfg["tau"])
         searcher = searchers[key]
-        programs = []
+        path = QueryPath(searcher, analyzer, searcher.num_docs, df_table=_df_table(searcher), tau=cfg["tau"])
+        proposer = None
         if cfg["query_n"]:
             pcfg = EncoderProposerConfig(proposals=cfg["query_n"], entries=cfg["entries"], vocabulary_tau=cfg["tau"])
-            props = nearest_entries(query_vecs, query_held, vocabulary(cfg["entries"], cfg["tau"]), pcfg)
-            df_lookup = _df_lookup(searcher)
-            for q, p in zip(qids, props):
-                decisions = query_side_filter(p.phrases, analyzer, df_lookup, searcher.num_docs, cfg["tau"])
-                prog = RetrievalProgram.build(queries[q], analyzer, decisions, w=cfg["w"], proposer="encoder")
-                weight = dict(zip(p.phrases, p.weights))
-                for e in prog.expansions:
-                    e.weight = max(weight.get(e.phrase, 1.0), 1e-6)
-                programs.append(prog)
-        else:
-            programs = [RetrievalProgram.build(queries[q], analyzer) for q in qids]
-        hits = searcher.search_many([p.parts() for p in programs], k=100)
-        run = {}
-        for q, hs in zip(qids, hits):
-            run[q] = {h.doc_id: float(h.score) for h in hs if not (ds.queries_are_documents and h.doc_id == q)}
-            if not run[q]:
-                run[q] = {"__none__": 0.0}
+            proposer = NearestEntries([queries[q] for q in qids], query_vecs, query_held,
+                                      vocabulary(cfg["entries"], cfg["tau"]), pcfg)
+        # The retriever the jobs use: DF-validated programs, w, and the scored top 100 (a query's own document is
+        # dropped after ranking, as this selection always did).
+        retriever = Retriever(path, proposer, w=cfg["w"], k=100)
+        _, results = retriever.run({q: queries[q] for q in qids})
+        run = {q: {d: s for d, s in hits.items() if not (ds.queries_are_documents and d == q)}
+               for q, hits in ({q: {} for q in qids} | hits_by_query(results)).items()}
+        run = {q: hits or {"__none__": 0.0} for q, hits in run.items()}
         scores = evaluate(Qrels.from_dict(qrels), Run.from_dict(run), METRICS, make_comparable=True)
         row = {**cfg, **{m: round(float(scores[m]), 4) for m in METRICS}, "seconds": round(time.perf_counter() - started, 1)}
         if baseline_run is None:
@@ -189,16 +183,25 @@ def _surface_vectors(encoder: MiniLMEncoder, surfaces: list[str], cache: Path) -
     return np.stack([known[s] for s in surfaces]) if surfaces else np.zeros((0, 384), np.float32)
 
 
-def _df_lookup(searcher):
+def _df_table(searcher) -> DFTable:
     """DF in the indexed (enriched) field, from the postings of the one shard."""
-    from sira.core.hashing import term_id
-
     shard = searcher.shards[0]
+    return DFTable(shard.term_ids, np.diff(shard.indptr), searcher.num_docs)
 
-    def lookup(terms):
-        rows = shard.rows_of(np.array([term_id(t) for t in terms], dtype=np.int64))
-        return {t: int(shard.indptr[r + 1] - shard.indptr[r]) for t, r in zip(terms, rows) if r >= 0}
-    return lookup
+
+class NearestEntries:
+    """A TermProposer: the nearest vocabulary entries of each query, from its vector encoded once up front."""
+
+    name, version, default_w = "encoder", None, 0.5
+
+    def __init__(self, texts: list[str], vectors: np.ndarray, held: list, vocabulary: Vocabulary,
+                 cfg: EncoderProposerConfig):
+        self.row = {text: i for i, text in enumerate(texts)}
+        self.vectors, self.held, self.vocabulary, self.cfg = vectors, held, vocabulary, cfg
+
+    def propose(self, texts):
+        rows = [self.row[text] for text in texts]
+        return nearest_entries(self.vectors[rows], [self.held[r] for r in rows], self.vocabulary, self.cfg)
 
 
 def _versus(qrels, base: dict, run: dict) -> dict:

@@ -235,31 +235,33 @@ def search(
             .constrained(retriever.path.analyzer, must, exclude)
     else:
         proposals = retriever.proposer.propose([text]) if expand else None
-        if expand and proposals[0].error:
-            console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {proposals[0].error}")
+        for failed in (p.error for p in proposals or () if p.error):
+            console.print(f"[yellow]expansion failed, searching the plain query:[/yellow] {failed}")
         [program] = retriever.programs([text], must, exclude, proposals)
     results = retriever.rank([""], [program])
     hits = list(zip(results["doc_id"].to_pylist(), results["score"].to_pylist()))
-    contributions = retriever.contributions(program, [d for d, _ in hits]) if explain else {}
+    contributions = retriever.contributions(program, [d for d, _ in hits]) if explain else None
+    _print_hits(program, manifest, hits, contributions, as_json)
+
+
+def _print_hits(program, manifest: dict, hits: list[tuple[str, float]], contributions: dict | None,
+                as_json: bool) -> None:
+    """`sira search`'s output: JSON (the program and the hits), or a table; with `contributions`, each hit's."""
     if as_json:
-        out = {
-            "query": program.query,
-            "index_version": manifest["index_version"],
-            "terms": program.original_terms,
+        sys.stdout.write(json.dumps({
+            "query": program.query, "index_version": manifest["index_version"], "terms": program.original_terms,
             "program": program.model_dump(),
-            "hits": [
-                {"rank": i, "doc_id": d, "score": score, **({"contributions": contributions[d]} if explain else {})}
-                for i, (d, score) in enumerate(hits, 1)
-            ],
-        }
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+            "hits": [{"rank": i, "doc_id": d, "score": score,
+                      **({"contributions": contributions[d]} if contributions is not None else {})}
+                     for i, (d, score) in enumerate(hits, 1)],
+        }, indent=2) + "\n")
         return
     table = Table(title=f"{program.query!r}  (index v{manifest['index_version']}, {manifest['preset']})")
-    for col in ("rank", "doc_id", "score") + (("contributions",) if explain else ()):
+    for col in ("rank", "doc_id", "score") + (("contributions",) if contributions is not None else ()):
         table.add_column(col)
     for i, (d, score) in enumerate(hits, 1):
         row = [str(i), d, f"{score:.4f}"]
-        if explain:
+        if contributions is not None:
             row.append(", ".join(f"{t}={v:.3f}" for t, v in sorted(contributions[d].items(), key=lambda kv: -kv[1])))
         table.add_row(*row)
     stdout.print(table) if hits else stdout.print("no hits")

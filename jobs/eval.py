@@ -17,7 +17,7 @@ from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retrieve
 from sira.core import tables
 from sira.core.datasets import resolve_dataset
 from sira.core.defaults import EvaluationParams, default_warehouse
-from sira.core.retriever import hits_by_query
+from sira.core.retriever import Retriever, hits_by_query
 from sira.core.variants import RERANK_VARIANT, VariantName, help_text, variant
 from sira.core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
 
@@ -71,8 +71,7 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     warehouse lacks is ingested, enriched and indexed first."""
     dataset = resolve_dataset(cfg.dataset)
     warehouse = cfg.warehouse_path(dataset.name)
-    queries = dataset.queries(cfg.split)
-    qrels = dataset.qrels(cfg.split)
+    queries, qrels = dataset.queries(cfg.split), dataset.qrels(cfg.split)
     if manifest is None:
         manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
                                 enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
@@ -82,55 +81,59 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     # A dataset whose queries are documents: a query's own document is never among its hits.
     retriever, manifest = open_retriever(warehouse, manifest=manifest, proposer=proposer, tau=cfg.tau, w=cfg.w,
                                          k=cfg.depth, exclude_self=dataset.queries_are_documents)
-    qids = list(queries)
+    programs, run_hits, expansion, rerank_summary, seconds = retrieve(cfg, retriever, f"{dataset.name}/{cfg.split}",
+                                                                      queries, warehouse)
+    run_path = Path(warehouse) / RUNS_FOLDER / f"{_run_name(cfg, dataset.name, manifest)}.trec"
+    programs_path = _write_run(run_path, run_hits, programs, f"sira-{cfg.preset}-{cfg.variant}")
+    summary = {
+        "dataset": dataset.name, "split": cfg.split, "preset": cfg.preset, "variant": cfg.variant,
+        "num_queries": len(queries), "metrics": _metrics(dataset, cfg.split, qrels, warehouse, run_hits),
+        "index_version": manifest["index_version"], "warehouse": warehouse, "run_file": str(run_path),
+        "programs_file": str(programs_path), "expansion": expansion, "rerank": rerank_summary,
+        "queries_per_second": len(queries) / seconds if seconds > 0 else None,
+    }
+    # What the run is, beside it: `sira serve`'s compare view lists and compares the runs of a warehouse.
+    summary["info_file"] = str(write_run_info(run_path, summary, cfg.dataset, list(queries)))
+    return summary
+
+
+def retrieve(cfg: EvalConfig, retriever: Retriever, name: str, queries: dict[str, str], warehouse: str) -> tuple:
+    """The split's queries through the retriever (their proposals first, under a bar of their own), then the
+    reranker when the variant has one: (programs in query order, qid -> {doc_id: score}, the expansion's summary,
+    the reranker's, seconds from ranking to the end)."""
     proposals = None
     if retriever.proposer is not None:
-        with progress_bar("expand queries", total=len(qids), unit="queries") as advance:
+        with progress_bar("expand queries", total=len(queries), unit="queries") as advance:
             retriever.proposer.on_progress = advance
-            proposals = retriever.proposer.propose([queries[q] for q in qids])
+            proposals = retriever.proposer.propose(list(queries.values()))
     started = time.perf_counter()
-    with progress_bar(f"{dataset.name}/{cfg.split} queries", total=len(qids), unit="queries") as advance:
-        program_list, results = retriever.run(queries, proposals=proposals,
-                                              on_batch=lambda batch, *_: advance(len(batch)))
-    programs = dict(zip(qids, program_list))
-    run_hits = {q: {} for q in qids} | hits_by_query(results)
-    expansion = None
-    if proposals is not None:
-        expansion = {**retriever.proposer.summary, "phrases_proposed": sum(len(p.phrases) for p in proposals),
-                     "phrases_kept": sum(e.kept for p in program_list for e in p.expansions)}
+    with progress_bar(f"{name} queries", total=len(queries), unit="queries") as advance:
+        programs, results = retriever.run(queries, proposals=proposals, on_batch=lambda batch, *_: advance(len(batch)))
+    run_hits = {q: {} for q in queries} | hits_by_query(results)
+    expansion = None if proposals is None else {
+        **retriever.proposer.summary, "phrases_proposed": sum(len(p.phrases) for p in proposals),
+        "phrases_kept": sum(e.kept for p in programs for e in p.expansions)}
     rerank_summary = None
     if cfg.rerank is not None:
         with progress_bar("rerank judgments", total=None, unit="judgments") as advance:
             run_hits, rerank_summary = rerank_run(warehouse, queries, run_hits, cfg.rerank, on_progress=advance)
-    seconds = time.perf_counter() - started
+    return programs, run_hits, expansion, rerank_summary, time.perf_counter() - started
 
-    tag = f"sira-{cfg.preset}-{cfg.variant}"
-    run_path = Path(warehouse) / RUNS_FOLDER / f"{_run_name(cfg, dataset.name, manifest)}.trec"
+
+def _write_run(run_path: Path, run_hits: dict, programs: list, tag: str) -> Path:
+    """The TREC run file and the programs beside it (JSONL, in query order); returns the programs' path."""
     write_trec_run(run_hits, run_path, tag)
     programs_path = run_path.with_suffix(PROGRAMS_SUFFIX)
-    programs_path.write_text("".join(programs[q].model_dump_json() + "\n" for q in qids), encoding="utf-8")
+    programs_path.write_text("".join(p.model_dump_json() + "\n" for p in programs), encoding="utf-8")
+    return programs_path
+
+
+def _metrics(dataset, split: str, qrels: dict, warehouse: str, run_hits: dict) -> dict[str, float]:
     metrics = evaluate_run(qrels, run_hits, DEFAULT_METRICS)
-    answers = dataset.answers(cfg.split)
+    answers = dataset.answers(split)
     if answers:  # datasets that carry gold answers: does the answer string appear in the top-k passages?
         metrics.update(_answer_coverage(warehouse, run_hits, answers))
-    summary = {
-        "dataset": dataset.name,
-        "split": cfg.split,
-        "preset": cfg.preset,
-        "variant": cfg.variant,
-        "num_queries": len(queries),
-        "metrics": metrics,
-        "index_version": manifest["index_version"],
-        "warehouse": warehouse,
-        "run_file": str(run_path),
-        "programs_file": str(programs_path),
-        "expansion": expansion,
-        "rerank": rerank_summary,
-        "queries_per_second": len(queries) / seconds if seconds > 0 else None,
-    }
-    # What the run is, beside it: `sira serve`'s compare view lists and compares the runs of a warehouse.
-    summary["info_file"] = str(write_run_info(run_path, summary, cfg.dataset, qids))
-    return summary
+    return metrics
 
 
 def _run_name(cfg: EvalConfig, dataset_name: str, manifest: dict) -> str:

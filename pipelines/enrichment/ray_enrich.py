@@ -275,35 +275,8 @@ def propose(
         return batch.select(passed).append_column("prompt", pa.array(prompts, pa.string()))
 
     def parse(batch: pa.Table) -> pa.Table:
-        errors = batch.column("error").to_pylist()
-        raw = batch.column("raw_output").cast(pa.string()).to_pylist()
-        # The encoder proposer gives phrases and weights, nothing to parse.
-        proposed = batch.column("proposed").to_pylist() if "proposed" in batch.column_names else [None] * len(raw)
-        weights = batch.column("weights").to_pylist() if "weights" in batch.column_names else [None] * len(raw)
-        out_phrases, out_weights, out_errors = [], [], []
-        for error, text, phrases, w in zip(errors, raw, proposed, weights):
-            if error:
-                phrases, w = [], None
-            elif phrases is not None:
-                phrases, w = list(phrases), [float(x) for x in w]
-            else:
-                phrases, error = parse_phrases(text, max_words=max_words)
-            out_phrases.append(phrases)
-            out_weights.append(w)
-            out_errors.append(error or None)
-        n = batch.num_rows
-        columns = {c: batch.column(c) for c in passed}
-        columns.update(
-            model=pa.array([model] * n, pa.string()), prompt_version=pa.array([prompt_version] * n, pa.string()),
-            backend=pa.array([backend_name] * n, pa.string()),
-            phrases=pa.array(out_phrases, pa.list_(pa.string())), weights=pa.array(out_weights, pa.list_(pa.float32())),
-            raw_output=pa.array(raw, pa.string()),
-            input_tokens=pc.fill_null(batch.column("input_tokens").cast(pa.int64()), 0),
-            output_tokens=pc.fill_null(batch.column("output_tokens").cast(pa.int64()), 0),
-            latency_ms=pc.fill_null(batch.column("latency_ms").cast(pa.float64()), 0.0),
-            error=pa.array(out_errors, pa.string()),
-            enriched_at=pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")))
-        return pa.table(columns)
+        return parsed_answers(batch, passed, max_words, {"model": model, "prompt_version": prompt_version,
+                                                         "backend": backend_name})
 
     counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0, "commits": 0, "commit_seconds": 0.0}
     if todo.num_rows == 0:
@@ -332,6 +305,39 @@ def propose(
         on_progress(chunk.num_rows)
     writer.close()
     return counters
+
+
+def parsed_answers(batch: pa.Table, passed: list[str], max_words: int, labels: dict[str, str]) -> pa.Table:
+    """A block of backend answers as proposals rows: the `passed` columns, `labels` (model, prompt_version,
+    backend) on every row, each answer's phrases (parsed from its raw output; the encoder gives phrases and weights
+    as they are), its token counts and latency, and its error (a failed call or an unusable output)."""
+    errors = batch.column("error").to_pylist()
+    raw = batch.column("raw_output").cast(pa.string()).to_pylist()
+    proposed = batch.column("proposed").to_pylist() if "proposed" in batch.column_names else [None] * len(raw)
+    weights = batch.column("weights").to_pylist() if "weights" in batch.column_names else [None] * len(raw)
+    out_phrases, out_weights, out_errors = [], [], []
+    for error, text, phrases, w in zip(errors, raw, proposed, weights):
+        if error:
+            phrases, w = [], None
+        elif phrases is not None:
+            phrases, w = list(phrases), [float(x) for x in w]
+        else:
+            phrases, error = parse_phrases(text, max_words=max_words)
+        out_phrases.append(phrases)
+        out_weights.append(w)
+        out_errors.append(error or None)
+    n = batch.num_rows
+    columns = {c: batch.column(c) for c in passed}
+    columns.update({name: pa.array([value] * n, pa.string()) for name, value in labels.items()})
+    columns.update(
+        phrases=pa.array(out_phrases, pa.list_(pa.string())), weights=pa.array(out_weights, pa.list_(pa.float32())),
+        raw_output=pa.array(raw, pa.string()),
+        input_tokens=pc.fill_null(batch.column("input_tokens").cast(pa.int64()), 0),
+        output_tokens=pc.fill_null(batch.column("output_tokens").cast(pa.int64()), 0),
+        latency_ms=pc.fill_null(batch.column("latency_ms").cast(pa.float64()), 0.0),
+        error=pa.array(out_errors, pa.string()),
+        enriched_at=pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")))
+    return pa.table(columns)
 
 
 def input_dataset(todo: pa.Table | DocsTodo, rows: int):

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sira.pipelines.serving.hit_details import hit_details
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.pipelines.serving.online_proposer import OnlineProposer
+from sira.pipelines.serving.online_proposer import OnlineProposal, OnlineProposer
 from sira.pipelines.tracking.runs import RunNotFound, compare_runs, list_runs, query_detail
 from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU, FOLLOW_POLL_S
@@ -286,44 +286,49 @@ class SearchService:
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         started = time.perf_counter()
-        proposals, expansion = None, None
         retriever = index.retriever if req.expand else replace(index.retriever, proposer=None)
         if req.w is not None:
             retriever = replace(retriever, w=req.w)
-        if req.expand:
-            proposal = await index.proposer.ask(req.query)
-            # A failed expansion degrades to the plain query (the program shows no expansions) rather than failing
-            # the search; the response says why.
-            proposals, expansion = [proposal], {"source": proposal.source, "error": proposal.error}
+        # A failed expansion degrades to the plain query (the program shows no expansions) rather than failing the
+        # search; the response says why.
+        proposal = await index.proposer.ask(req.query) if req.expand else None
         expanded = time.perf_counter()
-        m = index.manifest
-        loop = asyncio.get_running_loop()
-        [program] = retriever.programs([req.query], req.must, req.exclude, proposals)
+        [program] = retriever.programs([req.query], req.must, req.exclude, None if proposal is None else [proposal])
         # The scorer blocks on the shard actors: on a worker thread, so the event loop keeps answering.
-        results = await loop.run_in_executor(None, retriever.rank, [""], [program], req.k)
+        results = await asyncio.get_running_loop().run_in_executor(None, retriever.rank, [""], [program], req.k)
         hits = [{"doc_id": d, "score": s} for d, s in zip(results["doc_id"].to_pylist(), results["score"].to_pylist())]
-        scored = time.perf_counter()
-        out = {
-            "hits": hits,
-            "program": program.model_dump(),
-            "index_version": m["index_version"], "preset": m["preset"], "enriched": bool(m["enriched"]),
-            "proposer": None if not req.expand else {"backend": index.proposer.backend.backend,
-                                                     "model": index.proposer.model,
-                                                     "prompt_version": index.proposer.prompt_version},
-            "timing_ms": {"expansion": (expanded - started) * 1000, "scoring": (scored - expanded) * 1000},
-        }
-        if expansion is not None:  # df_filter: what each phrase's DFs were held against (keep: 0 < DF <= max_df)
-            out["expansion"] = expansion
-            out["df_filter"] = {"tau": self.tau, "num_docs": m["num_docs"], "max_df": self.tau * m["num_docs"]}
+        out = self._response(index, program, hits, proposal)
+        out["timing_ms"] = {"expansion": (expanded - started) * 1000, "scoring": (time.perf_counter() - expanded) * 1000}
         if req.explain and hits:
-            ids = [h["doc_id"] for h in hits]
-            contributions = await loop.run_in_executor(None, index.path.contributions, program, ids)
-            details = await loop.run_in_executor(None, hit_details, self.warehouse, m, index.path.analyzer, program,
-                                                 contributions)
-            for h in hits:
-                h.update(details[h["doc_id"]])
-            out["timing_ms"]["explain"] = (time.perf_counter() - scored) * 1000
+            explained = time.perf_counter()
+            await self._explain(index, program, hits)
+            out["timing_ms"]["explain"] = (time.perf_counter() - explained) * 1000
         return out
+
+    def _response(self, index: ServedIndex, program: RetrievalProgram, hits: list[dict],
+                  proposal: OnlineProposal | None) -> dict:
+        m = index.manifest
+        out = {
+            "hits": hits, "program": program.model_dump(),
+            "index_version": m["index_version"], "preset": m["preset"], "enriched": bool(m["enriched"]),
+            "proposer": None if proposal is None else {"backend": index.proposer.backend.backend,
+                                                       "model": index.proposer.model,
+                                                       "prompt_version": index.proposer.prompt_version},
+        }
+        if proposal is not None:  # df_filter: what each phrase's DFs were held against (keep: 0 < DF <= max_df)
+            out["expansion"] = {"source": proposal.source, "error": proposal.error}
+            out["df_filter"] = {"tau": self.tau, "num_docs": m["num_docs"], "max_df": self.tau * m["num_docs"]}
+        return out
+
+    async def _explain(self, index: ServedIndex, program: RetrievalProgram, hits: list[dict]) -> None:
+        """Each hit's per-term contributions and where its terms came from, added to it."""
+        loop = asyncio.get_running_loop()
+        ids = [h["doc_id"] for h in hits]
+        contributions = await loop.run_in_executor(None, index.path.contributions, program, ids)
+        details = await loop.run_in_executor(None, hit_details, self.warehouse, index.manifest, index.path.analyzer,
+                                             program, contributions)
+        for h in hits:
+            h.update(details[h["doc_id"]])
 
     async def health(self) -> tuple[int, dict]:
         index = self.current
