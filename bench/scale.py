@@ -205,7 +205,7 @@ def load_worker(warehouse: str) -> None:
         rss = int(fh.read().split()[1]) * PAGE
     print(json.dumps({"seconds": seconds, "rss_mb": rss / 2**20, "index_version": manifest["index_version"],
                       "segments": manifest["segments"], "num_docs": manifest["num_docs"],
-                      "postings": sum(s.num_postings for s in searcher.shards),
+                      "postings": sum(len(s.doc_ords) for s in searcher.shards),
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
@@ -274,7 +274,7 @@ def query_speed_worker(warehouse: str, snapshot: str) -> None:
     for shard in searcher.shards:  # every page of every mapped array, so that all of the index counts as resident
         for values in shard.arrays().values():
             int(values.reshape(-1).view(np.uint8)[:: 4096].sum())
-    postings = sum(s.num_postings for s in searcher.shards)
+    postings = sum(len(s.doc_ords) for s in searcher.shards)
     print(json.dumps({"index_version": manifest["index_version"], "num_docs": manifest["num_docs"],
                       "segments": manifest["segments"], "postings": postings, "qps": qps,
                       "query_terms": {"plain": float(np.mean([len(q.term_ids) for q in plain])),

@@ -251,7 +251,7 @@ def worker_sira_build(folder: Path, work_dir: Path, num_shards: int, preset_name
     written = time.perf_counter()
     result = {"build_from_arrays_seconds": built - started, "cache_write_seconds": written - built,
               "load_cold_seconds": written - started, "peak_rss_bytes": peak_rss_bytes(),
-              "num_postings": sum(s.num_postings for s in shards), "num_terms_per_shard": [len(s.term_ids) for s in shards],
+              "num_postings": sum(len(s.doc_ords) for s in shards), "num_terms_per_shard": [len(s.term_ids) for s in shards],
               "vocabulary": len(vocab), "avgdl": stats.avgdl}
     if not (folder / "expansions.json").exists():
         searcher = Searcher(shards, stats, Analyzer(preset.analyzer))
@@ -318,7 +318,7 @@ def worker_sira(folder: Path, work_dir: Path, num_shards: int, preset_name: str,
             flat = values.reshape(-1).view(np.uint8)
             int(flat[:: 4096].sum())
     rss_full = rss_bytes_now()
-    postings = sum(s.num_postings for s in shards)
+    postings = sum(len(s.doc_ords) for s in shards)
     return {"load_warm_seconds": load_warm, "timings": timings, "pruned_equals_exhaustive": exact, "top": top,
             "num_postings": postings, "index_bytes": sum(s.nbytes() for s in shards),
             "rss_before_bytes": rss_before, "rss_after_load_bytes": rss_after_load,

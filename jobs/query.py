@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from pydantic import ConfigDict, Field
 
 from sira.pipelines.tracking.console import console, progress_bar
-from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
+from sira.pipelines.storage.delta_io import read_table, table_exists, write_table
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.core import tables
 from sira.core.datasets import iter_lines
@@ -35,7 +35,8 @@ class QueryConfig(ExpansionParams):
     run_id: str | None = Field(None, description="default: the run file's name without extension")
     k: int = Field(1000, ge=1, le=10_000)
     expand: bool = True
-    backend: BackendConfig = Field(default_factory=BackendConfig)
+    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
+                                   description="query-side proposer")
     task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
     index_version: int | None = None
     preset: str | None = None
@@ -67,61 +68,75 @@ def read_queries(spec: str) -> dict[str, str]:
 
 
 def run(cfg: QueryConfig) -> dict:
-    from sira.pipelines.enrichment.ray_enrich import init_ray
     from sira.pipelines.index.catalog import find_index
-    from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
     queries = read_queries(cfg.queries)
     runs_uri = tables.table_uri(cfg.warehouse, tables.RUNS)
-    done: set[str] = set()
-    index_version = cfg.index_version
-    if table_exists(runs_uri):
-        t = read_table(runs_uri, columns=["run_id", "qid", "index_version"])
-        t = t.filter(pc.equal(t["run_id"], run_id))
-        done = set(t["qid"].to_pylist())
-        scored_on = set(t["index_version"].to_pylist())
-        # A resumed run finishes on the index its committed queries were scored on: a version published in
-        # between (the nightly build) would otherwise mix two indexes in one run.
-        if index_version is None and scored_on:
-            index_version = max(scored_on)
-        elif scored_on - {index_version}:
-            on = ", ".join(f"v{v}" for v in sorted(scored_on))
-            raise ValueError(f"run {run_id!r} has queries scored on index {on}, not v{index_version}: "
-                             "resume it on its own version or start a new run id")
+    done, index_version = _resumed(runs_uri, run_id, cfg.index_version)
     manifest = find_index(cfg.warehouse, index_version, cfg.preset)
-    todo = {q: text for q, text in queries.items() if q not in done}
+    todo = {q: text for q, text in sorted(queries.items()) if q not in done}
     console.log(f"query run {run_id!r}: {len(todo)} queries to score, {len(done)} already in runs "
                 f"(index v{manifest['index_version']}, expansion {'on' if cfg.expand else 'off'})")
     started = time.perf_counter()
-    expansion = None
-    if todo:
-        init_ray(cfg.ray_address)
-        todo = {q: todo[q] for q in sorted(todo)}
-        proposer, proposals = None, None
-        if cfg.expand:  # before the shard actors start: the expansion dataflow has the machine's cores to itself
-            proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address)
-            with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
-                proposer.on_progress = advance
-                proposals = proposer.propose(list(todo.values()))
-            expansion = proposer.summary
-        retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer="actors", proposer=proposer,
-                                      tau=cfg.tau, w=cfg.w, k=cfg.k, batch_size=cfg.batch_size)
-        with progress_bar("score queries", total=len(todo), unit="queries") as advance:
-            def commit(qids: list[str], programs: list, results: pa.Table) -> None:
-                _commit_runs(runs_uri, run_id, qids, todo, programs, results, manifest["index_version"])
-                advance(len(qids))
+    expansion = _score(cfg, run_id, todo, manifest, runs_uri) if todo else None
+    _write_trec(runs_uri, run_id, cfg.out)
+    return {"run_id": run_id, "queries": len(queries), "scored": len(todo), "skipped": len(done),
+            "index_version": manifest["index_version"], "run_file": str(cfg.out), "expansion": expansion,
+            "seconds": time.perf_counter() - started}
 
-            retriever.run(todo, proposals=proposals, on_batch=commit)
+
+def _resumed(runs_uri: str, run_id: str, index_version: int | None) -> tuple[set[str], int | None]:
+    """The queries of run `run_id` already in the runs table, and the index version the run scores on: a resumed
+    run finishes on the index its committed queries were scored on (a version published in between, the nightly
+    build, would otherwise mix two indexes in one run)."""
+    if not table_exists(runs_uri):
+        return set(), index_version
+    t = read_table(runs_uri, columns=["run_id", "qid", "index_version"])
+    t = t.filter(pc.equal(t["run_id"], run_id))
+    scored_on = set(t["index_version"].to_pylist())
+    if index_version is None and scored_on:
+        index_version = max(scored_on)
+    elif scored_on - {index_version}:
+        on = ", ".join(f"v{v}" for v in sorted(scored_on))
+        raise ValueError(f"run {run_id!r} has queries scored on index {on}, not v{index_version}: "
+                         "resume it on its own version or start a new run id")
+    return set(t["qid"].to_pylist()), index_version
+
+
+def _score(cfg: QueryConfig, run_id: str, todo: dict[str, str], manifest: dict, runs_uri: str) -> dict | None:
+    """Expand (cached) and score `todo` on the shard actors, committing each batch to the runs table; returns the
+    expansion's summary."""
+    from sira.pipelines.enrichment.ray_enrich import init_ray
+    from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
+
+    init_ray(cfg.ray_address)
+    proposer, proposals, expansion = None, None, None
+    if cfg.expand:  # before the shard actors start: the expansion dataflow has the machine's cores to itself
+        proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address)
+        with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
+            proposer.on_progress = advance
+            proposals = proposer.propose(list(todo.values()))
+        expansion = proposer.summary
+    retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer="actors", proposer=proposer, tau=cfg.tau,
+                                  w=cfg.w, k=cfg.k, batch_size=cfg.batch_size)
+    with progress_bar("score queries", total=len(todo), unit="queries") as advance:
+        def commit(qids: list[str], programs: list, results: pa.Table) -> None:
+            _commit_runs(runs_uri, run_id, qids, todo, programs, results, manifest["index_version"])
+            advance(len(qids))
+
+        retriever.run(todo, proposals=proposals, on_batch=commit)
+    return expansion
+
+
+def _write_trec(runs_uri: str, run_id: str, out: Path) -> None:
+    """The run's TREC file, from every query of it in the runs table (those scored before a resume included)."""
     rows = read_table(runs_uri, columns=["run_id", "qid", "doc_ids", "scores"]) if table_exists(runs_uri) else \
         pa.Table.from_pylist([], schema=tables.RUNS_SCHEMA)
     rows = rows.filter(pc.equal(rows["run_id"], run_id))
     run_hits = {q: dict(zip(ids, scores)) for q, ids, scores in
                 zip(rows["qid"].to_pylist(), rows["doc_ids"].to_pylist(), rows["scores"].to_pylist())}
-    write_trec_run({q: run_hits[q] for q in sorted(run_hits)}, cfg.out, f"sira-{run_id}")
-    return {"run_id": run_id, "queries": len(queries), "scored": len(todo), "skipped": len(done),
-            "index_version": manifest["index_version"], "run_file": str(cfg.out), "expansion": expansion,
-            "seconds": time.perf_counter() - started}
+    write_trec_run({q: run_hits[q] for q in sorted(run_hits)}, out, f"sira-{run_id}")
 
 
 def _commit_runs(uri, run_id, qids, texts, programs, results: pa.Table, index_version) -> None:
@@ -132,4 +147,6 @@ def _commit_runs(uri, run_id, qids, texts, programs, results: pa.Table, index_ve
          "doc_ids": list(hits.get(q, {})), "scores": list(hits.get(q, {}).values()), "index_version": index_version,
          "created_at": now}
         for q, p in zip(qids, programs)], schema=tables.RUNS_SCHEMA)
-    merge_rows(uri, rows, tables.RUNS_KEY)
+    # An append, not a MERGE: a MERGE reads the table it merges into, so each commit cost more as the run grew. The
+    # rows are new by construction: the queries of this run not in the table yet (`_resumed`), each batch once.
+    write_table(uri, rows)

@@ -112,3 +112,35 @@ def test_the_expansion_weight_flag_no_longer_sits_beside_the_warehouse_flag(tmp_
     proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "search", "x", "-w", str(tmp_path),
                            "--expansion-weight", "0.3"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "deprecated" not in proc.stderr
+
+
+def test_every_options_default_is_its_job_configs():
+    """An option and the config field it sets agree on the default: a job run from Python (a notebook, Airflow)
+    does what the same command does. `sira query` expanded with the local LLM from Python and the encoder from the
+    command line before this test."""
+    import typer
+    from pydantic import BaseModel
+
+    from sira.jobs import eval as eval_job, index, nightly, query, run, serve, sweep
+    from sira.jobs.cli import app
+    from sira.pipelines.enrichment.backend_config import BackendConfig
+
+    configs = {"eval": eval_job.EvalConfig, "run": run.RunConfig, "query": query.QueryConfig,
+               "serve": serve.ServeConfig, "sweep": sweep.SweepConfig, "nightly": nightly.NightlyConfig,
+               "index": index.IndexConfig}
+    differ = []
+    for name, command in typer.main.get_command(app).commands.items():
+        for param in command.params if name in configs else ():
+            field = configs[name].model_fields.get(param.name)
+            if field is None or field.is_required():
+                continue
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, BackendConfig):
+                default = default.backend  # --backend names it; its other fields have options of their own
+            elif isinstance(default, BaseModel):
+                continue  # an option group (tracking) set by several options
+            elif isinstance(default, list):
+                default = ",".join(default)
+            if param.default != default:
+                differ.append((name, param.name, param.default, default))
+    assert differ == []

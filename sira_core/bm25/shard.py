@@ -156,10 +156,6 @@ class ShardIndex:
     def num_docs(self) -> int:
         return len(self.doc_ids)
 
-    @property
-    def num_postings(self) -> int:
-        return len(self.doc_ords)
-
     def arrays(self) -> dict[str, np.ndarray]:
         """Every array of the shard by name (what a cache stores; doc ids as offsets + bytes)."""
         return {"doc_id_offsets": self.doc_id_offsets, "doc_id_data": self.doc_id_data, "doc_lens": self.doc_lens,
