@@ -13,44 +13,17 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from sira.pipelines.tracking.console import console, engine_log_path, engine_logs
+from sira.pipelines.tracking.console import console
 from sira.pipelines.tracking.stages import StageFailed
-from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, FOLLOW_POLL_S,
-                                 SHARDS_HELP, SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
+from sira.core.defaults import FOLLOW_POLL_S
 from sira.core import variants as variant_table
+from sira.jobs.options import (BaseUrlOption, Entries, OutputJson, ProposalTable, Proposals, RerankBackend,
+                               RerankDepth, RerankModel, ShardsOption, SparkMasterOption, TauOption, TrackingUri,
+                               Verbose, Warehouse, WeightOption, backend_of, dataset_warehouse, key_values,
+                               log_engines, option_errors, reranker_of, write_json)
 
 stdout = Console()  # results go to stdout; logs and progress go to stderr (sira.pipelines.tracking.console.console)
-# The options several commands share, declared once (their defaults and help live in sira.core.defaults).
-TauOption = typer.Option(DEFAULT_TAU, "--tau", help=TAU_HELP)
-WeightOption = typer.Option(None, "--expansion-weight", help=W_HELP)
-ShardsOption = typer.Option(DEFAULT_SHARDS, "--shards", help=SHARDS_HELP)
-SparkMasterOption = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help=SPARK_MASTER_HELP)
-BaseUrlOption = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: the endpoint's /v1 URL")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
-
-OutputJson = typer.Option(None, "--output-json", help="write the job's summary as JSON to this path")
-Warehouse = typer.Option(..., "--warehouse", "-w", envvar="SIRA_WAREHOUSE", help="warehouse directory or URI")
-Verbose = typer.Option(False, "--verbose", "-v", help="show the engines' own logs (Ray, Spark, Ivy, the JVM) on the "
-                                                      "console instead of in WAREHOUSE/logs/")
-
-
-def _engine_logs(ctx: typer.Context, warehouse: str, verbose: bool) -> None:
-    """Until the command ends, the engines' output goes to a log file of the warehouse, named at the end (on the
-    console when `verbose`)."""
-    path = None if verbose else engine_log_path(warehouse, ctx.info_name)
-    ctx.with_resource(engine_logs(path))
-
-
-def _default_warehouse(dataset: str) -> str:
-    from sira.core.datasets import resolve_dataset
-
-    return default_warehouse(resolve_dataset(dataset).name)
-
-
-def _write_json(summary: dict, path: Optional[Path]) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 @app.command()
@@ -68,7 +41,7 @@ def ingest(
     """Validate a corpus and write the Delta `docs` table; bad records go to `rejected` with the reason."""
     from sira.jobs import ingest as job
 
-    _engine_logs(ctx, warehouse, verbose)
+    log_engines(ctx, warehouse, verbose)
     summary = job.run(job.IngestConfig(source=source, warehouse=warehouse, mode="merge" if merge else "replace",
                                        task=task))
     console.print(
@@ -76,36 +49,7 @@ def ingest(
         + (f"  {summary['rejected_by_reason']}" if summary["rejected"] else "")
         + ("  " + "  ".join(f"{k} {v}" for k, v in summary["changes"].items()) if "changes" in summary else "")
     )
-    _write_json(summary, output_json)
-
-
-def _backend(backend: str, model: str | None = None, base_url: str = DEFAULT_OPENAI_BASE_URL,
-             proposals: int | None = None, entries: str | None = None, **kwargs):
-    """A BackendConfig from command-line options; --proposals / --entries set the encoder proposer."""
-    from sira.pipelines.enrichment.backend_config import BackendConfig
-    from sira.core.proposers import EncoderProposerConfig
-
-    encoder = EncoderProposerConfig(**{k: v for k, v in (("proposals", proposals), ("entries", entries))
-                                       if v is not None})
-    return BackendConfig(backend=backend, model=model, base_url=base_url, encoder=encoder, **kwargs)
-
-
-def _key_values(pairs: list[str], option: str) -> dict:
-    """KEY=VALUE options -> a dict; a VALUE that reads as JSON (numbers, true, lists) is taken as JSON, else as text."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
-
-
-Proposals = typer.Option(None, "--proposals", help="encoder: phrases proposed per text (default: the measured one)")
-Entries = typer.Option(None, "--entries", help="encoder: vocabulary entries, unigram | bigram")
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -153,24 +97,24 @@ def enrich(
     """Propose each document's missing search vocabulary (encoder or LLM; incremental, resumable)."""
     from sira.jobs import enrich as job
 
-    _engine_logs(ctx, warehouse, verbose)
+    log_engines(ctx, warehouse, verbose)
     commits = {k: v for k, v in (("commit_every", commit_every), ("commit_interval_s", commit_interval_s))
                if v is not None}
     cfg = job.EnrichConfig(
         warehouse=warehouse, task=task, max_n=max_n, limit=limit, ray_address=ray_address, retry_errors=retry_errors,
         **commits,
-        backend=_backend(backend, model, base_url, proposals, entries, api_key_env=api_key_env,
+        backend=backend_of(backend, model, base_url, proposals, entries, api_key_env=api_key_env,
                          batch_size=batch_size, concurrency=concurrency, qps=qps, timeout_s=timeout_s,
                          max_retries=max_retries, max_tokens=max_tokens, structured_output=structured_output,
-                         engine_kwargs=_key_values(engine_arg, "--engine-arg"),
-                         sampling_kwargs=_key_values(sampling_arg, "--sampling-arg"),
+                         engine_kwargs=key_values(engine_arg, "--engine-arg"),
+                         sampling_kwargs=key_values(sampling_arg, "--sampling-arg"),
                          **({"max_in_flight": max_in_flight} if max_in_flight is not None else {})),
     )
     summary = job.run(cfg)
     stdout.print(f"documents {summary['documents']}  enriched {summary['enriched']}  skipped {summary['skipped']}  "
                  f"errors {summary['errors']}  tokens in/out {summary['input_tokens']}/{summary['output_tokens']}  "
                  f"{summary['docs_per_second']:.2f} docs/s  {summary['seconds']:.1f} s")
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -192,12 +136,12 @@ def index(
     enter a new segment on top of the newest version of the same kind (a full build when there is none)."""
     from sira.jobs import index as job
 
-    _engine_logs(ctx, warehouse, verbose)
+    log_engines(ctx, warehouse, verbose)
     summary = job.run(job.IndexConfig(warehouse=warehouse, preset=preset, shards=shards, spark_master=spark_master,
                                       enrichment=enrichment, tau=tau, full=full))
     console.print(f"published index version {summary['index_version']}: {summary['num_docs']} docs, "
                   f"{summary['num_terms']} terms, {summary['num_shards']} shards, segments {summary['segments']}")
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -228,7 +172,7 @@ def search(
     if (text is None) == (program_file is None):
         raise ValueError("give either a query text or --program FILE")
     expand = expand and text is not None
-    proposer = partial(OnlineProposer, warehouse, _backend(backend, model, base_url), task) if expand else None
+    proposer = partial(OnlineProposer, warehouse, backend_of(backend, model, base_url), task) if expand else None
     retriever, manifest = open_retriever(warehouse, index_version, preset, proposer=proposer, tau=tau, w=w, k=k)
     if program_file is not None:
         program = RetrievalProgram.model_validate_json(program_file.read_text(encoding="utf-8")) \
@@ -293,15 +237,15 @@ def query(
     """Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run."""
     from sira.jobs import query as job
 
-    _engine_logs(ctx, warehouse, verbose)
+    log_engines(ctx, warehouse, verbose)
 
     summary = job.run(job.QueryConfig(warehouse=warehouse, queries=queries, out=out, run_id=run_id, k=k, expand=expand,
-                                      backend=_backend(backend, model, base_url, proposals, entries),
+                                      backend=backend_of(backend, model, base_url, proposals, entries),
                                       task=task, w=w, tau=tau, index_version=index_version, batch_size=batch_size,
                                       ray_address=ray_address))
     stdout.print(f"run {summary['run_id']}: scored {summary['scored']}, skipped {summary['skipped']} "
                  f"-> {summary['run_file']}")
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -336,29 +280,12 @@ def serve(
 
 
     # Online: one retry and short backoff; a user is waiting (a failed expansion falls back to the plain query).
-    proposer = None if backend is None else _backend(backend, model, base_url, timeout_s=timeout_s, max_retries=1,
+    proposer = None if backend is None else backend_of(backend, model, base_url, timeout_s=timeout_s, max_retries=1,
                                                      retry_base_s=0.2)
     job.run(job.ServeConfig(warehouse=warehouse, host=host, port=port, index_version=index_version, preset=preset,
                             api_token_env=api_token_env, max_query_chars=max_query_chars, max_k=max_k,
                             max_concurrent=max_concurrent, backend=proposer, w=w, tau=tau, task=task,
                             ray_address=ray_address, follow=follow, poll_s=poll_s))
-
-
-RerankBackend = typer.Option(None, "--rerank-backend", help="sira+rerank: the LLM judge, openai | local")
-RerankModel = typer.Option(None, "--rerank-model", help="sira+rerank: the judge's model (default: --model when "
-                                                         "--rerank-backend is --backend; local: the packaged one)")
-RerankDepth = typer.Option(20, "--rerank-depth", help="sira+rerank: first-stage hits judged per query")
-
-
-def _reranker(backend: str | None, model: str | None, base_url: str, depth: int):
-    """The sira+rerank reranker from command-line options; None without --rerank-backend."""
-    if backend is None:
-        return None
-    from sira.pipelines.enrichment.rerank import RerankConfig, judge_backend
-
-    if backend == "openai" and model is None:
-        raise ValueError("--rerank-backend openai needs --rerank-model (the endpoint's model id)")
-    return RerankConfig(backend=judge_backend(backend, model, base_url), depth=depth)
 
 
 @app.command("eval")
@@ -390,13 +317,13 @@ def eval_(
     """Evaluate on a BEIR split (nDCG@10, Recall@10, Recall@100), building what the warehouse lacks."""
     from sira.jobs import eval as job
 
-    _engine_logs(ctx, warehouse or _default_warehouse(dataset), verbose)
+    log_engines(ctx, warehouse or dataset_warehouse(dataset), verbose)
 
-    doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
+    doc = None if doc_backend is None else backend_of(doc_backend, model, base_url, proposals, entries)
     summary = job.run(job.EvalConfig(dataset=dataset, preset=preset, split=split, variant=variant, tau=tau, w=w, task=task,
-                                     backend=_backend(backend, model, base_url, proposals, entries), doc_backend=doc,
+                                     backend=backend_of(backend, model, base_url, proposals, entries), doc_backend=doc,
                                      warehouse=warehouse, shards=shards, spark_master=spark_master,
-                                     rerank=_reranker(rerank_backend, rerank_model or (model if rerank_backend == backend else None),
+                                     rerank=reranker_of(rerank_backend, rerank_model or (model if rerank_backend == backend else None),
                                                       base_url, rerank_depth)))
     table = Table(title=f"{summary['dataset']} / {summary['split']} / {summary['preset']} / {summary['variant']} "
                         f"({summary['num_queries']} queries)")
@@ -404,7 +331,7 @@ def eval_(
         table.add_column(m)
     table.add_row(*(f"{v:.4f}" for v in summary["metrics"].values()))
     stdout.print(table)
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -434,10 +361,7 @@ def compare(
         from sira.jobs.report import plot_paired_comparison
 
         stdout.print(f"wrote {plot_paired_comparison(summary, plot)}")
-    _write_json(summary, output_json)
-
-
-TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///mlruns/mlflow.db)")
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -474,15 +398,15 @@ def run(
     from sira.pipelines.tracking.tracking import TrackingConfig
     from sira.core.datasets import resolve_dataset
 
-    doc = None if doc_backend is None else _backend(doc_backend, model, base_url, proposals, entries)
+    doc = None if doc_backend is None else backend_of(doc_backend, model, base_url, proposals, entries)
     cfg = job.RunConfig(dataset=dataset, warehouse=warehouse, preset=preset, split=split,
                         variants=[v.strip() for v in variants.split(",") if v.strip()],
-                        backend=_backend(backend, model, base_url, proposals, entries), doc_backend=doc, tau=tau, w=w,
+                        backend=backend_of(backend, model, base_url, proposals, entries), doc_backend=doc, tau=tau, w=w,
                         shards=shards, spark_master=spark_master,
-                        rerank=_reranker(rerank_backend, rerank_model or (model if rerank_backend == backend else None),
+                        rerank=reranker_of(rerank_backend, rerank_model or (model if rerank_backend == backend else None),
                                          base_url, rerank_depth),
                         tracking=TrackingConfig(enabled=tracking, tracking_uri=tracking_uri, experiment=experiment))
-    _engine_logs(ctx, cfg.warehouse_path(resolve_dataset(dataset).name), verbose)
+    log_engines(ctx, cfg.warehouse_path(resolve_dataset(dataset).name), verbose)
     summary = job.run(cfg)
     table = Table(title=f"{summary['dataset']} / {summary['split']}: {summary['seconds']:.0f} s"
                         + (f", MLflow run {summary['mlflow_run_id']}" if summary["mlflow_run_id"] else ""))
@@ -495,7 +419,7 @@ def run(
         table.add_row(job.variant_label(variant, r), f"{m['ndcg@10']:.4f}", f"{m['recall@10']:.4f}",
                       f"{m['recall@100']:.4f}", delta)
     stdout.print(table)
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -522,12 +446,12 @@ def sweep(
     from sira.jobs import sweep as job
     from sira.pipelines.tracking.tracking import TrackingConfig
 
-    _engine_logs(ctx, warehouse or _default_warehouse(dataset), verbose)
+    log_engines(ctx, warehouse or dataset_warehouse(dataset), verbose)
 
     grid = dict(job.parse_param(p) for p in param)
-    doc = None if doc_backend is None else _backend(doc_backend, model, base_url)
+    doc = None if doc_backend is None else backend_of(doc_backend, model, base_url)
     summary = job.run(job.SweepConfig(dataset=dataset, warehouse=warehouse, preset=preset, split=split, variant=variant,
-                                      grid=grid, metric=metric, backend=_backend(backend, model, base_url),
+                                      grid=grid, metric=metric, backend=backend_of(backend, model, base_url),
                                       doc_backend=doc, shards=shards,
                                       tracking=TrackingConfig(tracking_uri=tracking_uri, experiment=experiment)))
     table = Table(title=f"sweep {dataset} ({variant}): selected on {split} by {metric}")
@@ -538,7 +462,7 @@ def sweep(
         table.add_row(str(t["point"]) + mark, f"{t['metrics'][metric]:.4f}")
     stdout.print(table)
     stdout.print(f"test ({summary['test']['split']}): " + "  ".join(f"{k} {v:.4f}" for k, v in summary["test"]["metrics"].items()))
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -576,10 +500,10 @@ def nightly(
     from sira.jobs import nightly as job
     from sira.pipelines.tracking.tracking import TrackingConfig
 
-    _engine_logs(ctx, warehouse, verbose)
+    log_engines(ctx, warehouse, verbose)
     summary = job.run(job.NightlyConfig(
         warehouse=warehouse, source=source, task=task, preset=preset, enrichment=enrichment,
-        backend=_backend(backend, model, base_url, api_key_env=api_key_env, batch_size=batch_size,
+        backend=backend_of(backend, model, base_url, api_key_env=api_key_env, batch_size=batch_size,
                          concurrency=concurrency),
         shards=shards, tau=tau, spark_master=spark_master, ray_address=ray_address, keep_days=keep_days,
         max_delete_fraction=max_delete_fraction,
@@ -588,7 +512,7 @@ def nightly(
     stdout.print(f"index v{summary['index_version']}: {i['inserted']} inserted, {i['updated']} updated, "
                  f"{i['deleted']} deleted, {i['unchanged']} unchanged; {summary['enriched']} enriched; "
                  f"{summary['rejected']} rejected; expired versions {summary['expired_versions'] or 'none'}")
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @app.command()
@@ -609,7 +533,6 @@ def report(
 
 proposals_app = typer.Typer(no_args_is_help=True, help="Move LLM proposals between warehouses as Parquet files.")
 app.add_typer(proposals_app, name="proposals")
-ProposalTable = typer.Option("enrichment", "--table", help="enrichment (corpus side) | expansions (query side)")
 
 
 @proposals_app.command("export")
@@ -628,7 +551,7 @@ def proposals_export(
     summary = export_proposals(warehouse, output, table, model, prompt_version, include_errors)
     stdout.print(f"exported {summary['rows']} {table} rows to {output} "
                  f"({summary['errors_left_out']} errored rows left out): {summary['versions']}")
-    _write_json(summary, output_json)
+    write_json(summary, output_json)
 
 
 @proposals_app.command("import")
@@ -645,33 +568,7 @@ def proposals_import(
     summary = import_proposals(warehouse, path, table)
     stdout.print(f"imported {summary['inserted']} {table} rows from {path}: {summary['already_present']} already "
                  f"present, {summary['stale']} stale (document changed or gone)")
-    _write_json(summary, output_json)
-
-
-# Config fields whose command-line option is not --FIELD-NAME.
-OPTION_OF_FIELD = {"w": "--expansion-weight"}
-
-
-def option_errors(exc: ValidationError) -> str:
-    """A job config's validation errors, one line each, named by the option that set the value: "--variant:
-    'dense' is not one of bm25, doc, ...", not pydantic's multi-line report with a web address."""
-    lines = []
-    for err in exc.errors(include_url=False):
-        fields = [str(part) for part in err["loc"] if isinstance(part, str)]
-        if err["type"] == "value_error":  # the config's own check, which names what is wrong
-            what = str(err["ctx"]["error"])
-        elif err["type"] == "literal_error":
-            what = f"{err['input']!r} is not one of {err['ctx']['expected'].replace(' or ', ', ')}"
-        else:
-            what = f"{err['msg']} (got {err['input']!r})"
-        if not fields:  # a check of several fields together
-            lines.append(what)
-            continue
-        option = OPTION_OF_FIELD.get(fields[-1], "--" + fields[-1].replace("_", "-"))
-        if fields[:-1]:  # a nested config's field (backend.model): its path says which
-            option += f" ({'.'.join(fields)})"
-        lines.append(f"{option}: {what}")
-    return "\n".join(lines)
+    write_json(summary, output_json)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import pytest
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 SINGLE_STEP = {"ingest", "index", "enrich", "eval", "query", "serve", "report"}
 COMPOSITE = {"run", "nightly", "sweep"}
-ENTRY = {"cli"}  # the `sira` command dispatches to every job
+ENTRY = {"cli", "options"}  # the `sira` command dispatches to every job; options: its shared options
 
 
 def jobs_imported(name: str) -> set[str]:
