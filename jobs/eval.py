@@ -70,8 +70,7 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     """`manifest`: the index to search, when a composite job has brought it up to date already; None: whatever the
     warehouse lacks is ingested, enriched and indexed first."""
     dataset = resolve_dataset(cfg.dataset)
-    warehouse = cfg.warehouse_path(dataset.name)
-    queries, qrels = dataset.queries(cfg.split), dataset.qrels(cfg.split)
+    warehouse, queries, qrels = cfg.warehouse_path(dataset.name), dataset.queries(cfg.split), dataset.qrels(cfg.split)
     if manifest is None:
         manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
                                 enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
