@@ -405,6 +405,20 @@ def ray_address(address: str | None) -> str:
     return address or os.environ.get("RAY_ADDRESS") or "local"
 
 
+def ray_is_up() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+def stop_ray() -> None:
+    """Disconnect from Ray; a Ray this process started (`init_ray` with no cluster) stops with its workers."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     import ray
 
