@@ -56,11 +56,19 @@ class OnlineProposer:
         self.template = load_template("query", warehouse_task(warehouse, task))
         self.model = backend.model_id()
         self.prompt_version = backend.proposal_version(self.template.version)
-        self.name, self.version, self.default_w = self.model, self.prompt_version, backend.resolve_w(None)
+        self.default_w = backend.resolve_w(None)
         self.cache = cached_expansions(warehouse, self.model, self.prompt_version)
         self._session: ErrorTolerantSession | None = None
         self._llm = None
         self._worker: ThreadPoolExecutor | None = None
+
+    @property
+    def name(self) -> str:  # TermProposer's names for the model and the prompt version
+        return self.model
+
+    @property
+    def version(self) -> str:
+        return self.prompt_version
 
     async def start(self) -> None:
         if self.backend.backend == "openai":

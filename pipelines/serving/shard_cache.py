@@ -55,6 +55,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from sira.pipelines.storage.processes import alive
 from sira.core.bm25 import ShardIndex
 from sira.core.segments import SegmentShard
 
@@ -297,18 +298,8 @@ def _remove_dead_temporaries(parent: Path) -> None:
         return
     for tmp in parent.glob(f"{_TMP_PREFIX}*"):
         fields = tmp.name.rsplit("-", 2)
-        if "-removed-" in tmp.name or (len(fields) == 3 and fields[1].isdigit() and not _alive(int(fields[1]))):
+        if "-removed-" in tmp.name or (len(fields) == 3 and fields[1].isdigit() and not alive(int(fields[1]))):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _prune(warehouse_folder: Path, keep: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from sira.core.defaults import DEFAULT_SPARK_MASTER
+from sira.pipelines.storage.processes import alive
 
 DEFAULT_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -67,20 +68,10 @@ def remove_orphaned_scratch(root: Path) -> list[Path]:
     removed = []
     for folder in root.glob("pid-*"):
         pid = folder.name.removeprefix("pid-")
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def get_spark(master: str = DEFAULT_SPARK_MASTER, app_name: str = "sira", conf: dict[str, str] | None = None) -> SparkSession:
