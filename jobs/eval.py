@@ -9,17 +9,10 @@ from pathlib import Path
 from pydantic import ConfigDict, Field, model_validator
 
 from sira.pipelines.tracking.console import console, progress_bar
-from sira.pipelines.index.freshness import ensure_index
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.pipelines.enrichment.rerank import RerankConfig, rerank_run
-from sira.pipelines.tracking.runs import PROGRAMS_SUFFIX, RUNS_FOLDER, write_run_info
-from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
-from sira.core import tables
-from sira.core.datasets import resolve_dataset
+from sira.pipelines.enrichment.rerank import RerankConfig
 from sira.core.defaults import EvaluationParams, default_warehouse
-from sira.core.retriever import Retriever, hits_by_query
-from sira.core.variants import RERANK_VARIANT, VariantName, help_text, variant
-from sira.core.metrics import DEFAULT_METRICS, evaluate_run, write_trec_run
+from sira.core.variants import BASELINE_VARIANT, RERANK_VARIANT, VariantName, help_text, variant
 
 
 
@@ -27,12 +20,11 @@ class EvalConfig(EvaluationParams):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field(description="beir:NAME or a folder in BEIR format")
-    preset: str = "sira"
     split: str = "test"
-    variant: VariantName = Field("bm25", description=help_text())
+    variant: VariantName = Field(BASELINE_VARIANT, description=help_text())
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
     task: str | None = Field(None, description="prompt task; default: chosen from the dataset name")
-    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
+    backend: BackendConfig = Field(default_factory=BackendConfig,
                                    description="query-side proposer")
     doc_backend: BackendConfig | None = Field(
         None, description="corpus-side proposer, run incrementally before indexing; None: index the warehouse's "
@@ -69,6 +61,11 @@ class EvalConfig(EvaluationParams):
 def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     """`manifest`: the index to search, when a composite job has brought it up to date already; None: whatever the
     warehouse lacks is ingested, enriched and indexed first."""
+    from sira.pipelines.index.freshness import ensure_index
+    from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
+    from sira.pipelines.tracking.runs import RUNS_FOLDER, write_run, write_run_info
+    from sira.core.datasets import resolve_dataset
+
     dataset = resolve_dataset(cfg.dataset)
     warehouse, queries, qrels = cfg.warehouse_path(dataset.name), dataset.queries(cfg.split), dataset.qrels(cfg.split)
     if manifest is None:
@@ -83,7 +80,7 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     programs, run_hits, expansion, rerank_summary, seconds = retrieve(cfg, retriever, f"{dataset.name}/{cfg.split}",
                                                                       queries, warehouse)
     run_path = Path(warehouse) / RUNS_FOLDER / f"{_run_name(cfg, dataset.name, manifest)}.trec"
-    programs_path = _write_run(run_path, run_hits, programs, f"sira-{cfg.preset}-{cfg.variant}")
+    programs_path = write_run(run_path, run_hits, programs, f"sira-{cfg.preset}-{cfg.variant}")
     summary = {
         "dataset": dataset.name, "split": cfg.split, "preset": cfg.preset, "variant": cfg.variant,
         "num_queries": len(queries), "metrics": _metrics(dataset, cfg.split, qrels, warehouse, run_hits),
@@ -96,10 +93,13 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     return summary
 
 
-def retrieve(cfg: EvalConfig, retriever: Retriever, name: str, queries: dict[str, str], warehouse: str) -> tuple:
+def retrieve(cfg: EvalConfig, retriever, name: str, queries: dict[str, str], warehouse: str) -> tuple:
     """The split's queries through the retriever (their proposals first, under a bar of their own), then the
     reranker when the variant has one: (programs in query order, qid -> {doc_id: score}, the expansion's summary,
     the reranker's, seconds from ranking to the end)."""
+    from sira.pipelines.enrichment.rerank import rerank_run
+    from sira.core.retriever import hits_by_query
+
     proposals = None
     if retriever.proposer is not None:
         with progress_bar("expand queries", total=len(queries), unit="queries") as advance:
@@ -119,19 +119,14 @@ def retrieve(cfg: EvalConfig, retriever: Retriever, name: str, queries: dict[str
     return programs, run_hits, expansion, rerank_summary, time.perf_counter() - started
 
 
-def _write_run(run_path: Path, run_hits: dict, programs: list, tag: str) -> Path:
-    """The TREC run file and the programs beside it (JSONL, in query order); returns the programs' path."""
-    write_trec_run(run_hits, run_path, tag)
-    programs_path = run_path.with_suffix(PROGRAMS_SUFFIX)
-    programs_path.write_text("".join(p.model_dump_json() + "\n" for p in programs), encoding="utf-8")
-    return programs_path
-
-
 def _metrics(dataset, split: str, qrels: dict, warehouse: str, run_hits: dict) -> dict[str, float]:
+    from sira.pipelines.tracking.runs import answer_coverage_of
+    from sira.core.metrics import DEFAULT_METRICS, evaluate_run
+
     metrics = evaluate_run(qrels, run_hits, DEFAULT_METRICS)
     answers = dataset.answers(split)
     if answers:  # datasets that carry gold answers: does the answer string appear in the top-k passages?
-        metrics.update(_answer_coverage(warehouse, run_hits, answers))
+        metrics.update(answer_coverage_of(warehouse, run_hits, answers))
     return metrics
 
 
@@ -145,19 +140,3 @@ def _run_name(cfg: EvalConfig, dataset_name: str, manifest: dict) -> str:
     if cfg.expanded:
         parts.append(re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.backend.model_id()))
     return "-".join(parts)
-
-
-def _answer_coverage(warehouse: str, run_hits: dict, answers: dict[str, list[str]], ks=(10, 100)) -> dict[str, float]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from sira.pipelines.storage.delta_io import read_table
-    from sira.core.analysis import index_text
-    from sira.core.metrics import answer_coverage
-
-    wanted = sorted({d for q in answers for d, _ in sorted(run_hits.get(q, {}).items(), key=lambda kv: -kv[1])[:max(ks)]})
-    docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "title", "text"])
-    docs = docs.filter(pc.is_in(docs["doc_id"], value_set=pa.array(wanted, pa.string())))
-    passages = {d: index_text(t, x) for d, t, x in zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist(),
-                                                      docs["text"].to_pylist())}
-    return {f"answer_coverage@{k}": answer_coverage(run_hits, answers, passages, k) for k in ks}

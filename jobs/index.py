@@ -13,7 +13,6 @@ class IndexConfig(DFFilterParams, IndexBuildParams):
     model_config = ConfigDict(extra="forbid")
 
     warehouse: str
-    preset: str = "sira"
     enrichment: bool | None = Field(
         None, description="inject enrichment phrases; None: when the warehouse has an enrichment table")
     enrichment_model: str | None = None

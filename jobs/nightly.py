@@ -23,11 +23,10 @@ from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
 from sira.pipelines.tracking.console import console
 from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
-from sira.pipelines.index.freshness import fresh_or_build
 from sira.pipelines.storage.ingest import IngestConfig
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.pipelines.enrichment.ray_enrich import COMMIT_EVERY, ray_is_up, stop_ray
-from sira.pipelines.tracking.stages import StageFailed
+from sira.pipelines.enrichment.ray_enrich import COMMIT_EVERY
+from sira.pipelines.tracking.stages import Stages
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import DFFilterParams, IndexBuildParams
 
@@ -37,12 +36,11 @@ class NightlyConfig(DFFilterParams, IndexBuildParams):
 
     warehouse: str
     source: str = Field(description="the corpus snapshot: beir:NAME, a BEIR folder, a .jsonl[.gz] or .parquet file")
-    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
+    backend: BackendConfig = Field(default_factory=BackendConfig,
                                    description="corpus-side proposer")
     enrichment: bool = Field(True, description="enrich new or changed documents and publish the enriched index; "
                                                "False: publish the plain index only")
     task: str | None = Field(None, description="prompt task, recorded for the warehouse; default: the one recorded at ingest")
-    preset: str = "sira"
     ray_address: str | None = None
     keep_days: float = Field(7.0, ge=0, description="index versions older than this are deleted (the newest of "
                                                     "each kind is always kept)")
@@ -70,25 +68,19 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
 def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> dict:
     from pyspark.sql import SparkSession
 
+    from sira.pipelines.enrichment.ray_enrich import ray_is_up, stop_ray
+    from sira.pipelines.index.freshness import fresh_or_build
     from sira.pipelines.index.retention import expire_versions
     from sira.pipelines.storage.spark_session import start_in_background, stop_started
 
     tracker = Tracker(cfg.tracking, defer=True)  # MLflow loads once ingest is done (below)
     started = time.perf_counter()
-    seconds: dict[str, float] = {}
+    stages = Stages(lambda name: console.rule(f"[bold]nightly: {name}"), on_step)
 
     def step(name: str, fn: Callable[[], dict], metrics: Callable[[dict], dict]) -> dict:
-        if on_step:
-            on_step(name)
-        console.rule(f"[bold]nightly: {name}")
         with tracker.run(name, nested=True, tags={"sira.job": "nightly", "sira.step": name}):
-            t = time.perf_counter()
-            try:
-                out = fn()
-            except Exception as exc:
-                raise StageFailed(name, exc) from exc
-            seconds[name] = time.perf_counter() - t
-            tracker.metrics({**metrics(out), "seconds": seconds[name]})
+            out = stages.run(name, fn)
+            tracker.metrics({**metrics(out), "seconds": stages.seconds[name]})
         return out
 
     with tracker.run(f"nightly {cfg.warehouse}", params=cfg,
@@ -146,7 +138,7 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
         "docs_table_version": docs_version,
         "expired_versions": retention["expired_versions"],
         "kept_versions": retention["kept_versions"],
-        "step_seconds": seconds,
+        "step_seconds": stages.seconds,
         "seconds": total,
         "mlflow_run_id": parent.id,
     }

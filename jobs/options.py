@@ -1,40 +1,197 @@
-"""The `sira` command line's shared options and the helpers that turn options into job configs: declared once,
-used by the commands in sira.jobs.cli (their defaults and help live in sira.core.defaults or the job configs)."""
+"""The `sira` command line's options, generated from the job configs: a field's default, bounds and help live in
+its pydantic config, and `config_options` turns the fields a command takes into typer options. Also the helpers
+that build what no single field does (a reranker, the engine logs, the JSON summary)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import types
+import typing
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from sira.pipelines.tracking.console import engine_log_path, engine_logs
-from sira.core.defaults import (DEFAULT_OPENAI_BASE_URL, DEFAULT_SHARDS, DEFAULT_SPARK_MASTER, DEFAULT_TAU, SHARDS_HELP,
-                                 SPARK_MASTER_HELP, TAU_HELP, W_HELP, default_warehouse)
+from sira.core.defaults import DEFAULT_OPENAI_BASE_URL, default_warehouse
 
-# The options several commands share, declared once (their defaults and help live in sira.core.defaults).
-TauOption = typer.Option(DEFAULT_TAU, "--tau", help=TAU_HELP)
-WeightOption = typer.Option(None, "--expansion-weight", help=W_HELP)
-ShardsOption = typer.Option(DEFAULT_SHARDS, "--shards", help=SHARDS_HELP)
-SparkMasterOption = typer.Option(DEFAULT_SPARK_MASTER, "--spark-master", help=SPARK_MASTER_HELP)
-BaseUrlOption = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: the endpoint's /v1 URL")
+# Option names that are not --FIELD-NAME (a field path: "backend.model" is BackendConfig's model inside a job's).
+OPTION_NAMES: dict[str, tuple[str, ...]] = {
+    "warehouse": ("--warehouse", "-w"),
+    "dataset": ("--dataset", "-d"),
+    "k": ("-k",),
+    "w": ("--expansion-weight",),
+    "retry_errors": ("--retry-errors/--keep-errors",),
+    "tracking.enabled": ("--tracking/--no-tracking",),
+    "backend.structured_output": ("--structured-output/--free-output",),
+    "backend.engine_kwargs": ("--engine-arg",),
+    "backend.sampling_kwargs": ("--sampling-arg",),
+    "backend.encoder.proposals": ("--proposals",),
+    "backend.encoder.entries": ("--entries",),
+    "doc_backend.backend": ("--doc-backend",),
+}
+ENV_VARS = {"warehouse": "SIRA_WAREHOUSE"}
+# The proposer settings a command that expands queries takes (the encoder's knobs and the LLM's endpoint).
+PROPOSER = ("backend.backend", "backend.model", "backend.base_url", "backend.encoder.proposals",
+            "backend.encoder.entries")
+TRACKING = ("tracking.tracking_uri", "tracking.experiment")
+
 OutputJson = typer.Option(None, "--output-json", help="write the job's summary as JSON to this path")
-Warehouse = typer.Option(..., "--warehouse", "-w", envvar="SIRA_WAREHOUSE", help="warehouse directory or URI")
 Verbose = typer.Option(False, "--verbose", "-v", help="show the engines' own logs (Ray, Spark, Ivy, the JVM) on the "
                                                       "console instead of in WAREHOUSE/logs/")
-Proposals = typer.Option(None, "--proposals", help="encoder: phrases proposed per text (default: the measured one)")
-Entries = typer.Option(None, "--entries", help="encoder: vocabulary entries, unigram | bigram")
+Warehouse = typer.Option(..., *OPTION_NAMES["warehouse"], envvar=ENV_VARS["warehouse"],
+                         help="warehouse directory or URI")
+BaseUrlOption = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: the endpoint's /v1 URL")
 RerankBackend = typer.Option(None, "--rerank-backend", help="sira+rerank: the LLM judge, openai | local")
 RerankModel = typer.Option(None, "--rerank-model", help="sira+rerank: the judge's model (default: --model when "
                                                          "--rerank-backend is --backend; local: the packaged one)")
-RerankDepth = typer.Option(20, "--rerank-depth", help="sira+rerank: first-stage hits judged per query")
-TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: sqlite:///mlruns/mlflow.db)")
+RerankDepth = typer.Option(None, "--rerank-depth", help="sira+rerank: first-stage hits judged per query")
 ProposalTable = typer.Option("enrichment", "--table", help="enrichment (corpus side) | expansions (query side)")
 
-# Config fields whose command-line option is not --FIELD-NAME.
-OPTION_OF_FIELD = {"w": "--expansion-weight"}
+
+def _field(model: type[BaseModel], path: str) -> tuple[FieldInfo, Any]:
+    """The field at a dotted path and its default, the default of an enclosing config instance winning (a job's
+    backend defaults to the encoder where BackendConfig's own default is the local LLM)."""
+    *outer, last = path.split(".")
+    default_owner = None
+    for name in outer:
+        info = model.model_fields[name]
+        owner = info.get_default(call_default_factory=True) if default_owner is None else \
+            getattr(default_owner, name)
+        model = _model_of(info.annotation)
+        default_owner = owner if isinstance(owner, BaseModel) else None
+    info = model.model_fields[last]
+    if default_owner is not None:
+        return info, getattr(default_owner, last)
+    return info, (... if info.is_required() else info.get_default(call_default_factory=True))
+
+
+def _model_of(annotation) -> type[BaseModel]:
+    for arg in (annotation, *typing.get_args(annotation)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    raise TypeError(f"{annotation} holds no config")
+
+
+def _cli_type(annotation) -> tuple[type, str]:
+    """The option's Python type, and the choices a Literal accepts (said in the help; pydantic checks them so that a
+    bad value is one line naming the option, like every other bad value)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        kind, choices = _cli_type(args[0])
+        return Optional[kind], choices
+    if typing.get_origin(annotation) is Literal:
+        return str, " | ".join(map(str, typing.get_args(annotation)))
+    if typing.get_origin(annotation) in (dict, list) or annotation in (dict, list):
+        return list[str], ""
+    return annotation, ""
+
+
+def _option(path: str, model: type[BaseModel], default_override: dict,
+            argument: bool = False) -> tuple[inspect.Parameter, Callable]:
+    info, default = _field(model, path)
+    kind, choices = _cli_type(info.annotation)
+    if path in default_override:
+        default = default_override[path]
+        kind = kind if default is not None or typing.get_origin(kind) is typing.Union else Optional[kind]
+    names = OPTION_NAMES.get(path) or OPTION_NAMES.get(path.rsplit(".", 1)[-1]) or ()
+    if not names:
+        flag = "--" + path.rsplit(".", 1)[-1].replace("_", "-")
+        names = (f"{flag}/--no-{flag[2:]}",) if bool in (kind, *typing.get_args(kind)) else (flag,)
+    said = choices and all(c in (info.description or "") for c in choices.split(" | "))
+    help_text = " ".join(filter(None, (info.description, f"({choices})" if choices and not said else "")))
+    convert = _converter(info.annotation, names[0])
+    if argument:
+        option = typer.Argument(default, help=help_text or None, show_default=False)
+        return inspect.Parameter(path, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind), convert
+    cli_default = [] if kind == list[str] and default in ({}, []) else default
+    option = typer.Option(cli_default, *names, help=help_text or None, envvar=ENV_VARS.get(path),
+                          show_default=default is not ... and not isinstance(default, (dict, list)))
+    # The parameter is named after its option (--doc-backend: doc_backend), as click names it.
+    name = names[0].split("/")[0].lstrip("-").replace("-", "_")
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind), convert
+
+
+def _converter(annotation, option: str) -> Callable:
+    """dict fields are KEY=VALUE options; list fields take repeated or comma-separated values."""
+    origin = typing.get_origin(annotation)
+    if origin is dict:
+        return lambda pairs: key_values(pairs, option)
+    if origin is list or list in map(typing.get_origin, typing.get_args(annotation)):
+        optional = type(None) in typing.get_args(annotation)  # no value given: None, not an empty list
+        return lambda items: None if optional and not items else [v.strip() for item in items or ()
+                                                                  for v in item.split(",") if v.strip()]
+    return lambda value: value
+
+
+def config_options(model: type[BaseModel], fields: Sequence[str], defaults: dict | None = None,
+                   arguments: Sequence[str] = ()):
+    """Decorate a command whose first non-context parameter is `values`: the command gets one option per field path
+    in `fields` (default, bounds and help from `model`), and receives `values`, the nested dict those options make
+    (`model(**values)` validates it; a command may add what no option sets first). A nested config whose first
+    listed field is None (e.g. no --doc-backend) is left out. `defaults` overrides a path's default for this
+    command only (None where the command makes an optional config of it); `arguments` are positional."""
+    built = [(path, *_option(path, model, defaults or {}, argument=True)) for path in arguments]
+    built += [(path, *_option(path, model, defaults or {})) for path in fields]
+    selectors = _selectors(model, fields)
+    names = [name for _, param, _ in built for name in param.default.param_decls or ()]
+    assert len(names) == len(set(names)), f"{model.__name__}: two fields share an option name: {sorted(names)}"
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True)
+        kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values() if p.name != "values"]
+
+        def values_of(kwargs: dict) -> dict:
+            """The config's nested values from the parsed options (taken out of `kwargs`)."""
+            values: dict = {}
+            for path, param, convert in built:
+                _put(values, path.split("."), convert(kwargs.pop(param.name)))
+            return _drop_unset(values, selectors)
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            return command(values=values_of(kwargs), **kwargs)
+
+        wrapper.values_of = values_of  # what the options make of a command line, for tests and tools
+
+        arguments = [p for p in kept if isinstance(p.default, typer.models.ArgumentInfo)]
+        params = arguments + [p for _, p, _ in built] + [p for p in kept if p not in arguments]
+        wrapper.__signature__ = own.replace(parameters=params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
+def _put(values: dict, path: list[str], value) -> None:
+    for name in path[:-1]:
+        values = values.setdefault(name, {})
+    values[path[-1]] = value
+
+
+def _selectors(model: type[BaseModel], fields: Sequence[str]) -> dict[str, str]:
+    """Optional nested config -> the first of its listed fields, whose None means "no such config"."""
+    out = {}
+    for path in fields:
+        head = path.split(".")[0]
+        if "." in path and head not in out and type(None) in typing.get_args(model.model_fields[head].annotation):
+            out[head] = path
+    return out
+
+
+def _drop_unset(values: dict, selectors: dict[str, str]) -> dict:
+    """An optional nested config whose selecting option is None is not there at all (no --doc-backend)."""
+    for head, path in selectors.items():
+        node = values[head]
+        for name in path.split(".")[1:]:
+            node = node[name]
+        if node is None:
+            values[head] = None
+    return values
 
 
 def log_engines(ctx: typer.Context, warehouse: str, verbose: bool) -> None:
@@ -56,17 +213,6 @@ def write_json(summary: dict, path: Optional[Path]) -> None:
         path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def backend_of(backend: str, model: str | None = None, base_url: str = DEFAULT_OPENAI_BASE_URL,
-               proposals: int | None = None, entries: str | None = None, **kwargs):
-    """A BackendConfig from command-line options; --proposals / --entries set the encoder proposer."""
-    from sira.pipelines.enrichment.backend_config import BackendConfig
-    from sira.core.proposers import EncoderProposerConfig
-
-    encoder = EncoderProposerConfig(**{k: v for k, v in (("proposals", proposals), ("entries", entries))
-                                       if v is not None})
-    return BackendConfig(backend=backend, model=model, base_url=base_url, encoder=encoder, **kwargs)
-
-
 def key_values(pairs: list[str], option: str) -> dict:
     """KEY=VALUE options -> a dict; a VALUE that reads as JSON (numbers, true, lists) is taken as JSON, else as text."""
     out = {}
@@ -81,15 +227,27 @@ def key_values(pairs: list[str], option: str) -> dict:
     return out
 
 
-def reranker_of(backend: str | None, model: str | None, base_url: str, depth: int):
-    """The sira+rerank reranker from command-line options; None without --rerank-backend."""
-    if backend is None:
-        return None
-    from sira.pipelines.enrichment.rerank import RerankConfig, judge_backend
+def with_doc_backend(values: dict) -> dict:
+    """--doc-backend NAME: the corpus side's proposer, with the query side's other settings (model, endpoint)."""
+    if values.get("doc_backend") is not None:
+        values["doc_backend"] = {**values["backend"], "backend": values["doc_backend"]["backend"]}
+    return values
 
+
+def with_reranker(values: dict, backend: str | None, model: str | None, depth: int | None) -> dict:
+    """The sira+rerank reranker from --rerank-*; none without --rerank-backend. Its model defaults to --model when
+    the judge runs on the proposer's backend."""
+    if backend is None:
+        return values
+    from sira.pipelines.enrichment.rerank import judge_backend
+
+    proposer = values["backend"]
+    model = model or (proposer.get("model") if backend == proposer["backend"] else None)
     if backend == "openai" and model is None:
         raise ValueError("--rerank-backend openai needs --rerank-model (the endpoint's model id)")
-    return RerankConfig(backend=judge_backend(backend, model, base_url), depth=depth)
+    values["rerank"] = {"backend": judge_backend(backend, model, proposer.get("base_url", DEFAULT_OPENAI_BASE_URL)),
+                        **({"depth": depth} if depth is not None else {})}
+    return values
 
 
 def option_errors(exc: ValidationError) -> str:
@@ -107,8 +265,10 @@ def option_errors(exc: ValidationError) -> str:
         if not fields:  # a check of several fields together
             lines.append(what)
             continue
-        option = OPTION_OF_FIELD.get(fields[-1], "--" + fields[-1].replace("_", "-"))
-        if fields[:-1]:  # a nested config's field (backend.model): its path says which
-            option += f" ({'.'.join(fields)})"
+        path = ".".join(fields)
+        names = OPTION_NAMES.get(path) or OPTION_NAMES.get(fields[-1]) or ("--" + fields[-1].replace("_", "-"),)
+        option = names[0].split("/")[0]
+        if fields[:-1] and path not in OPTION_NAMES:  # a nested config's field (backend.model): its path says which
+            option += f" ({path})"
         lines.append(f"{option}: {what}")
     return "\n".join(lines)

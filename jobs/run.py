@@ -19,10 +19,9 @@ from sira.jobs import enrich as enrich_job
 from sira.jobs import eval as eval_job
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
-from sira.pipelines.index.freshness import ensure_index, fresh_index, fresh_or_build
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.rerank import RerankConfig
-from sira.pipelines.tracking.stages import StageFailed
+from sira.pipelines.tracking.stages import Stages
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import EvaluationParams, default_warehouse
 from sira.core.variants import (RERANK_VARIANT, SINGLE_CALL_VARIANTS, VariantName, needs_enriched_index,
@@ -46,10 +45,9 @@ class RunConfig(EvaluationParams):
 
     dataset: str = Field("beir:scifact", description="beir:NAME or a folder in BEIR format")
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
-    preset: str = "sira"
     split: str = "test"
     variants: list[VariantName] = Field(default_factory=lambda: list(SINGLE_CALL_VARIANTS))
-    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"),
+    backend: BackendConfig = Field(default_factory=BackendConfig,
                                    description="query-side proposer")
     doc_backend: BackendConfig | None = Field(None, description="corpus-side proposer (default: the query side's)")
     task: str | None = None
@@ -104,6 +102,7 @@ class RunConfig(EvaluationParams):
 
 def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
     """The stages this invocation will run (work already in the warehouse is skipped) and a rough duration."""
+    from sira.pipelines.index.freshness import fresh_index
     from sira.pipelines.storage.delta_io import table_version
     from sira.pipelines.enrichment.ray_enrich import docs_to_enrich
     from sira.core import tables
@@ -170,6 +169,8 @@ def _corpus_size(spec: str) -> int:
 
 
 def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
+    from sira.pipelines.index.freshness import ensure_index, fresh_or_build
+    from sira.pipelines.tracking.report import comparison_markdown
     from sira.core.datasets import resolve_dataset
 
     dataset = resolve_dataset(cfg.dataset)
@@ -180,19 +181,8 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
     tracker = Tracker(cfg.tracking)
     started = time.perf_counter()
     results: dict[str, dict] = {}
-    timings: dict[str, float] = {}
-
-    def stage(name: str, fn: Callable):
-        if on_stage:
-            on_stage(name)
-        console.rule(f"[bold]{name}")
-        t = time.perf_counter()
-        try:
-            return fn()
-        except Exception as exc:
-            raise StageFailed(name, exc) from exc
-        finally:
-            timings[name] = time.perf_counter() - t
+    stages = Stages(lambda name: console.rule(f"[bold]{name}"), on_stage)
+    stage = stages.run
 
     with tracker.run(f"run {dataset.name}/{cfg.split}", params=cfg,
                      tags={"sira.job": "run", "sira.dataset": dataset.name, "sira.split": cfg.split,
@@ -242,31 +232,11 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
         tracker.metrics({"seconds": seconds})
         tracker.text_artifact(report, "report.md")
     out = {"dataset": dataset.name, "split": cfg.split, "warehouse": warehouse, "variants": results,
-           "enrichment": enrich_summary, "stage_seconds": timings, "seconds": seconds,
+           "enrichment": enrich_summary, "stage_seconds": stages.seconds, "seconds": seconds,
            "mlflow_run_id": parent.id, "tracking_uri": cfg.tracking.resolved_uri() if cfg.tracking.enabled else None}
     Path(warehouse).mkdir(parents=True, exist_ok=True)
     (Path(warehouse) / f"run-{dataset.name}-{cfg.split}.md").write_text(report, encoding="utf-8")
     return out
-
-
-def comparison_markdown(dataset: str, split: str, results: dict[str, dict]) -> str:
-    metrics = ("ndcg@10", "recall@10", "recall@100")
-    base = results.get("bm25", {}).get("metrics", {})
-    lines = [f"# {dataset} / {split}", "", "| variant | " + " | ".join(metrics) + " | Δ nDCG@10 vs bm25 | MLflow run |",
-             "|---|" + "---|" * (len(metrics) + 2)]
-    for variant, r in results.items():
-        m = r["metrics"]
-        delta = f"{m['ndcg@10'] - base['ndcg@10']:+.4f}" if base and variant != "bm25" else ""
-        lines.append(f"| {variant_label(variant, r)} | " + " | ".join(f"{m[k]:.4f}" for k in metrics)
-                     + f" | {delta} | {r.get('mlflow_run_id') or ''} |")
-    return "\n".join(lines) + "\n"
-
-
-def variant_label(variant: str, summary: dict) -> str:
-    """The variant's name, marked when it is not a single BM25 call (an LLM reranked it)."""
-    if variant != RERANK_VARIANT:
-        return variant
-    return f"{variant} (not single-call: LLM rerank of the top {summary['rerank']['depth']})"
 
 
 def _enrichment_sample(warehouse: str, summary: dict, n: int = 50) -> list[dict]:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from sira.pipelines.tracking.console import console
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.core.defaults import FOLLOW_POLL_S, ExpansionParams
+from sira.core.defaults import (FOLLOW_POLL_S, SERVE_MAX_CONCURRENT, SERVE_MAX_K, SERVE_MAX_QUERY_CHARS,
+                                 ExpansionParams)
+
+# A user waits on an online expansion: a short timeout, one retry, a short backoff (a failed expansion falls back to
+# the plain query), unless the backend config sets its own.
+ONLINE_PROPOSER_DEFAULTS = {"backend.timeout_s": 10.0, "backend.max_retries": 1, "backend.retry_base_s": 0.2}
 
 
 class ServeConfig(ExpansionParams):
@@ -26,12 +31,21 @@ class ServeConfig(ExpansionParams):
     preset: str | None = None
     api_token_env: str | None = Field(None, description="environment variable holding the bearer token; "
                                                         "None: no authentication")
-    max_query_chars: int = Field(2000, ge=1)
-    max_k: int = Field(1000, ge=1, le=100_000)
-    max_concurrent: int = Field(32, ge=1, description="searches in flight; more are answered 429")
+    max_query_chars: int = Field(SERVE_MAX_QUERY_CHARS, ge=1, description="longest query accepted")
+    max_k: int = Field(SERVE_MAX_K, ge=1, le=100_000, description="deepest k a request may ask")
+    max_concurrent: int = Field(SERVE_MAX_CONCURRENT, ge=1, description="searches in flight; more are answered 429")
     backend: BackendConfig | None = Field(None, description="query-side proposer for `expand`; None: no expansion")
     task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
     ray_address: str | None = None
+
+    @field_validator("backend")
+    @classmethod
+    def _online(cls, backend: BackendConfig | None) -> BackendConfig | None:
+        if backend is None:
+            return None
+        unset = {k.split(".")[1]: v for k, v in ONLINE_PROPOSER_DEFAULTS.items()
+                 if k.split(".")[1] not in backend.model_fields_set}
+        return backend.model_copy(update=unset)
 
     @property
     def following(self) -> bool:

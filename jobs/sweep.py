@@ -15,7 +15,7 @@ from sira.pipelines.tracking.console import console
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import IndexBuildParams
-from sira.core.variants import SingleCallVariant
+from sira.core.variants import SINGLE_CALL_VARIANTS, SIRA_VARIANT, SingleCallVariant, help_text
 
 SWEEPABLE = ("tau", "w", "n")
 
@@ -25,13 +25,12 @@ class SweepConfig(IndexBuildParams):
 
     dataset: str
     warehouse: str | None = None
-    preset: str = "sira"
     split: Literal["train", "dev"] = Field(description="the split the setting is selected on (never test)")
     test_split: str = "test"
-    variant: SingleCallVariant = "sira"
+    variant: SingleCallVariant = Field(SIRA_VARIANT, description=help_text(SINGLE_CALL_VARIANTS))
     grid: dict[str, list[float]] = Field(description="tau, w and n (the n-gram order): values to try")
     metric: str = "ndcg@10"
-    backend: BackendConfig = Field(default_factory=lambda: BackendConfig(backend="encoder"))
+    backend: BackendConfig = Field(default_factory=BackendConfig)
     doc_backend: BackendConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 

@@ -23,6 +23,17 @@ SPARK_MASTER_HELP = "Spark master URL of the index build"
 # Hits kept per query in an evaluated run (the TREC run depth).
 DEFAULT_DEPTH = 1000
 DEPTH_HELP = "hits kept per query (the TREC run depth)"
+# The index preset a job builds and searches unless told otherwise (sira.core.presets defines it).
+DEFAULT_PRESET = "sira"
+PRESET_HELP = "index preset: sira (the paper's analysis, bigrams) | pyserini-flat (Pyserini's BEIR flat baseline)"
+# Hits `sira search` shows.
+SEARCH_K = 10
+# Queries per scoring round (and, in `sira query`, per runs-table commit).
+QUERY_BATCH = 256
+# What one `sira serve` request may ask: the longest query, the deepest k, and searches in flight at once.
+SERVE_MAX_QUERY_CHARS = 2000
+SERVE_MAX_K = 1000
+SERVE_MAX_CONCURRENT = 32
 # The OpenAI-compatible endpoint (vLLM's default port) when --base-url is not given.
 DEFAULT_OPENAI_BASE_URL = "http://127.0.0.1:8000/v1"
 
@@ -36,6 +47,7 @@ class ExpansionParams(DFFilterParams):
 
 
 class IndexBuildParams(BaseModel):
+    preset: str = Field(DEFAULT_PRESET, description=PRESET_HELP)
     shards: int = Field(DEFAULT_SHARDS, ge=1, le=4096, description=SHARDS_HELP)
     spark_master: str = Field(DEFAULT_SPARK_MASTER, description=SPARK_MASTER_HELP)
 

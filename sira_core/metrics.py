@@ -7,6 +7,8 @@ from typing import Mapping, Sequence
 
 from ranx import Qrels, Run, evaluate
 
+from sira.core.defaults import SEARCH_K
+
 DEFAULT_METRICS = ("ndcg@10", "recall@10", "recall@100")
 
 RunDict = Mapping[str, Mapping[str, float]]
@@ -40,7 +42,7 @@ def _normalise(text: str) -> str:
 
 
 def answer_coverage(run: RunDict, answers: Mapping[str, Sequence[str]], passages: Mapping[str, str],
-                    k: int = 10) -> float:
+                    k: int = SEARCH_K) -> float:
     """Share of the queries with gold answers whose top-k passages contain any answer string (normalised,
     whole words). A query without hits counts as not covered."""
     if not answers:

@@ -19,13 +19,16 @@ import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from sira.core.analysis import NGRAM_SEPARATOR, Analyzer
 from sira.core.defaults import DEFAULT_TAU
+from sira.core.hashing import NGRAM_SEPARATOR
+
+if TYPE_CHECKING:  # the analyser's numba kernels are not loaded by those who only read the config (the CLI)
+    from sira.core.analysis import Analyzer
 
 
 @dataclass(frozen=True)

@@ -72,14 +72,6 @@ class QueryPath:
         return self.scorer.retrieve([compile_query(p.parts()) for p in programs], k,
                                     [(p.must, p.exclude) for p in programs], exclude_doc_ids)
 
-    def search(self, queries: Sequence[str], k: int, proposals: Sequence[Proposal] | None = None,
-               w: float = DEFAULT_W, proposer: str = "", prompt_version: str | None = None, must: Sequence[str] = (),
-               exclude: Sequence[str] = (), exclude_doc_ids: Sequence[Iterable[str]] | None = None,
-               ) -> tuple[list[RetrievalProgram], list[Ranked]]:
-        """The whole path for a batch of queries: their programs and rankings."""
-        programs = self.programs(queries, proposals, w, proposer, prompt_version, must, exclude)
-        return programs, self.rank(programs, k, exclude_doc_ids)
-
     def contributions(self, program: RetrievalProgram, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
         """Why each of `doc_ids` scored for `program`: doc id -> term -> contribution (every doc id present)."""
         found = self.scorer.contributions(compile_query(program.parts()), doc_ids)

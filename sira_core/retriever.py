@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sira.core.defaults import QUERY_BATCH, SEARCH_K
 from sira.core.program import DEFAULT_W, RetrievalProgram
 from sira.core.proposers import Proposal, TermProposer
 from sira.core.query_path import QueryPath, Ranked
@@ -30,9 +31,9 @@ class Retriever:
     path: QueryPath
     proposer: TermProposer | None = None
     w: float | None = None  # None: the proposer's own default
-    k: int = 10
+    k: int = SEARCH_K
     exclude_self: bool = False  # a query's own id is never one of its hits
-    batch_size: int = 256  # queries per call of the scorer
+    batch_size: int = QUERY_BATCH  # queries per call of the scorer
 
     @property
     def weight(self) -> float:

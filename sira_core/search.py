@@ -21,6 +21,7 @@ import pyarrow as pa
 from sira.core.analysis import Analyzer
 from sira.core.bm25 import (IMPACT_DTYPE, CorpusStats, ShardIndex, WeightedQuery, as_doc_id_array, doc_id_buffers,
                              merge_top_k, top_k_shards)
+from sira.core.defaults import SEARCH_K
 from sira.core.hashing import term_id
 
 
@@ -143,7 +144,7 @@ class Searcher:
     def rank_many(
         self,
         queries: Sequence[Query],
-        k: int = 10,
+        k: int = SEARCH_K,
         exclude_doc_ids: Sequence[Iterable[str]] | None = None,
         constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
         scorer: str = "auto",
@@ -179,24 +180,20 @@ class Searcher:
         return {shard.doc_ids[int(o)].as_py(): shard.contributions(int(o), query)
                 for shard in self.shards for o in shard.ords_of(doc_ids)}
 
-    def rank(self, query: Query, k: int = 10, exclude_doc_ids: Iterable[str] = (), must_terms: Sequence[str] = (),
-             exclude_terms: Sequence[str] = ()) -> Ranking:
-        return self.rank_many([query], k, [exclude_doc_ids], [(must_terms, exclude_terms)])[0]
-
     def search(
         self,
-        query: Query,
-        k: int = 10,
+        query,
+        k: int = SEARCH_K,
         exclude_doc_ids: Iterable[str] = (),
         explain: bool = False,
         must_terms: Sequence[str] = (),
         exclude_terms: Sequence[str] = (),
     ) -> list[Hit]:
-        """The hits of one query as objects (for printing); `explain` adds per-term contributions."""
+        """The hits of one query (a text, query parts, a compiled query or a RetrievalProgram with its constraints)
+        as objects, for printing and notebooks; `explain` adds per-term contributions. Batches go through
+        `rank_many` (or sira.core.retriever.Retriever), whose results are arrays."""
+        if hasattr(query, "parts") and hasattr(query, "must"):  # a RetrievalProgram (sira.core.program)
+            query, must_terms, exclude_terms = query.parts(), query.must, query.exclude
         compiled = self.compile(query)
-        ranking = self.rank(compiled, k, exclude_doc_ids, must_terms, exclude_terms)
+        ranking = self.rank_many([compiled], k, [exclude_doc_ids], [(must_terms, exclude_terms)])[0]
         return ranking.hits(compiled if explain else None)
-
-    def run_program(self, program, k: int = 10, exclude_doc_ids: Iterable[str] = (), explain: bool = False) -> list[Hit]:
-        """One call of the searcher for a RetrievalProgram (sira.core.program)."""
-        return self.search(program.parts(), k, exclude_doc_ids, explain, program.must, program.exclude)

@@ -25,7 +25,9 @@ class Variant:
         return FIRST_STAGE_OF_RERANKED if self.reranked else self.name
 
 
-FIRST_STAGE_OF_RERANKED = "sira"
+BASELINE_VARIANT = "bm25"  # plain BM25: what `sira eval` runs unless told otherwise, the others are compared with
+SIRA_VARIANT = "sira"  # both sides: the method itself, what a sweep tunes unless told otherwise
+FIRST_STAGE_OF_RERANKED = SIRA_VARIANT
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("bm25", False, False, False, "plain"),

@@ -115,32 +115,35 @@ def test_the_expansion_weight_flag_no_longer_sits_beside_the_warehouse_flag(tmp_
 
 
 def test_every_options_default_is_its_job_configs():
-    """An option and the config field it sets agree on the default: a job run from Python (a notebook, Airflow)
-    does what the same command does. `sira query` expanded with the local LLM from Python and the encoder from the
-    command line before this test."""
+    """A command given only its required options makes the same config as the job's Python defaults: a job run
+    from Python (a notebook, Airflow) does what the same command does. `sira query` expanded with the local LLM
+    from Python and the encoder from the command line before the options were generated from the configs."""
     import typer
-    from pydantic import BaseModel
 
-    from sira.jobs import eval as eval_job, index, nightly, query, run, serve, sweep
-    from sira.jobs.cli import app
-    from sira.pipelines.enrichment.backend_config import BackendConfig
+    from sira.jobs import eval as eval_job, index, nightly, query, report, run, serve, sweep
+    from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig
+    from sira.pipelines.storage.ingest import IngestConfig
 
-    configs = {"eval": eval_job.EvalConfig, "run": run.RunConfig, "query": query.QueryConfig,
-               "serve": serve.ServeConfig, "sweep": sweep.SweepConfig, "nightly": nightly.NightlyConfig,
-               "index": index.IndexConfig}
-    differ = []
-    for name, command in typer.main.get_command(app).commands.items():
-        for param in command.params if name in configs else ():
-            field = configs[name].model_fields.get(param.name)
-            if field is None or field.is_required():
-                continue
-            default = field.get_default(call_default_factory=True)
-            if isinstance(default, BackendConfig):
-                default = default.backend  # --backend names it; its other fields have options of their own
-            elif isinstance(default, BaseModel):
-                continue  # an option group (tracking) set by several options
-            elif isinstance(default, list):
-                default = ",".join(default)
-            if param.default != default:
-                differ.append((name, param.name, param.default, default))
-    assert differ == []
+    required = {  # command -> (its config, required options as on the command line, the same as fields)
+        "ingest": (IngestConfig, ["beir:x", "-w", "wh"], {"source": "beir:x", "warehouse": "wh"}),
+        "enrich": (EnrichConfig, ["-w", "wh"], {"warehouse": "wh"}),
+        "index": (index.IndexConfig, ["-w", "wh"], {"warehouse": "wh"}),
+        "query": (query.QueryConfig, ["-w", "wh", "--queries", "q.tsv", "--out", "r.trec"],
+                  {"warehouse": "wh", "queries": "q.tsv", "out": "r.trec"}),
+        "serve": (serve.ServeConfig, ["-w", "wh"], {"warehouse": "wh"}),
+        "eval": (eval_job.EvalConfig, ["-d", "beir:x"], {"dataset": "beir:x"}),
+        "run": (run.RunConfig, [], {}),
+        "sweep": (sweep.SweepConfig, ["-d", "beir:x", "--split", "dev", "--param", "tau=0.1"],
+                  {"dataset": "beir:x", "split": "dev", "grid": {"tau": [0.1]}}),
+        "nightly": (nightly.NightlyConfig, ["-w", "wh", "--source", "s.jsonl"], {"warehouse": "wh", "source": "s.jsonl"}),
+        "report": (report.ReportConfig, [], {}),
+    }
+    commands = typer.main.get_command(app).commands
+    assert set(required) <= set(commands)
+    for name, (config, args, fields) in required.items():
+        ctx = commands[name].make_context(name, list(args))
+        params = dict(ctx.params)
+        values = commands[name].callback.values_of(params)
+        values.update({k: v for k, v in fields.items() if k not in values})  # set by an option of the command's own
+        assert config(**values) == config(**fields), name
+

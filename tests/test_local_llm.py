@@ -140,7 +140,7 @@ class ScriptedLlama:
 
 def scripted_actor(llm: ScriptedLlama, keywords: bool = True) -> local_llm.LocalLLMActor:
     actor = object.__new__(local_llm.LocalLLMActor)
-    actor.cfg, actor.llm, actor.prompt_format, actor.grammar = BackendConfig(), llm, "completion-fewshot", object()
+    actor.cfg, actor.llm, actor.prompt_format, actor.grammar = BackendConfig(backend="local"), llm, "completion-fewshot", object()
     actor.keywords = keywords
     actor._grammar_processor = lambda grammar: ScriptedConstraint()
     return actor

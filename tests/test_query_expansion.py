@@ -81,7 +81,7 @@ def test_bulk_query_job_writes_runs_and_resumes(warehouse, tiny_beir, fake_opena
     # Scatter-gather over shard actors ranks exactly like the in-process searcher running the same program.
     from sira.core.program import RetrievalProgram
     searcher, _ = load_searcher(warehouse, runs["q1"]["index_version"])
-    expected = searcher.run_program(RetrievalProgram.model_validate(program), k=5)
+    expected = searcher.search(RetrievalProgram.model_validate(program), k=5)
     assert runs["q1"]["doc_ids"] == [h.doc_id for h in expected]
     assert runs["q1"]["scores"] == pytest.approx([h.score for h in expected])
 

@@ -46,10 +46,11 @@ def test_proposals_become_df_validated_programs(path):
 
 
 def test_ranked_results_are_the_searchers_for_each_program(path):
-    programs, ranked = path.search(QUERIES, 5, PROPOSALS, w=0.5, must=["heart"])
+    programs = path.programs(QUERIES, PROPOSALS, w=0.5, must=["heart"])
+    ranked = path.rank(programs, 5)
     assert all(p.must == ["heart"] for p in programs)
     for program, (doc_ids, scores) in zip(programs, ranked):
-        expected = path.scorer.run_program(program, k=5)
+        expected = path.scorer.search(program, k=5)
         assert doc_ids.to_pylist() == [h.doc_id for h in expected]
         assert scores.round(4).tolist() == [round(h.score, 4) for h in expected]
     assert ranked[0][0].to_pylist() == ["a", "c"]  # "b" holds the expansion but not the must term
@@ -67,7 +68,8 @@ def test_shards_do_not_change_the_ranking_and_excluded_docs_are_filled_around():
 
 
 def test_contributions_add_up_to_each_hits_score(path):
-    [program], [(doc_ids, scores)] = path.search(QUERIES[:1], 5, PROPOSALS[:1], w=0.5)
+    [program] = path.programs(QUERIES[:1], PROPOSALS[:1], w=0.5)
+    [(doc_ids, scores)] = path.rank([program], 5)
     contributions = path.contributions(program, doc_ids.to_pylist() + ["nowhere"])
     for doc_id, score in zip(doc_ids.to_pylist(), scores.tolist()):
         assert sum(contributions[doc_id].values()) == pytest.approx(score, abs=1e-6)
@@ -105,7 +107,8 @@ def test_a_retriever_is_a_table_in_table_out_call_with_one_home_for_w_and_self_h
     programs, results = retriever.run(queries)
     assert results.schema == RESULTS_SCHEMA and proposer.calls == [QUERIES]  # asked once for the whole set
     assert [p.w for p in programs] == [0.25, 0.25] and programs[0].expansions[0].proposer == "recorded"
-    expected_programs, ranked = path.search(QUERIES, 5, PROPOSALS, w=0.25, proposer="recorded", prompt_version="p1")
+    expected_programs = path.programs(QUERIES, PROPOSALS, w=0.25, proposer="recorded", prompt_version="p1")
+    ranked = path.rank(expected_programs, 5)
     assert programs == expected_programs
     assert hits_by_query(results) == {q: dict(zip(ids.to_pylist(), scores.tolist()))
                                       for q, (ids, scores) in zip(["q1", "q2"], ranked) if len(ids)}

@@ -111,10 +111,11 @@ def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
 
 def test_a_failing_stage_is_named(first_run, run_cfg, spark):
     from sira.jobs import run as run_job
+    from sira.pipelines.tracking.stages import StageFailed
 
     bad = run_cfg.model_copy(update={"split": "nosuchsplit", "variants": ["bm25"],
                                      "tracking": TrackingConfig(enabled=False)})
-    with pytest.raises(run_job.StageFailed, match=r"stage 'evaluate bm25' failed: .*nosuchsplit") as info:
+    with pytest.raises(StageFailed, match=r"stage 'evaluate bm25' failed: .*nosuchsplit") as info:
         run_job.run(bad)
     assert info.value.stage == "evaluate bm25"
 

@@ -161,7 +161,7 @@ def test_expand_through_the_proposer_then_the_df_filter(guarded, searcher, fake_
     assert {e["phrase"]: e["reason"] for e in body["program"]["expansions"]} == \
         {"myocardial infarction": "kept", "zebrafish": "unseen", "blood": "too common"}
     assert body["expansion"] == {"source": "backend", "error": None}
-    expected = searcher.run_program(RetrievalProgram.model_validate(body["program"]), k=5)
+    expected = searcher.search(RetrievalProgram.model_validate(body["program"]), k=5)
     assert [(h["doc_id"], h["score"]) for h in body["hits"]] == [(h.doc_id, h.score) for h in expected]
     assert body["timing_ms"]["expansion"] > 0
 

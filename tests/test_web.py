@@ -178,7 +178,7 @@ def test_search_explains_each_hit_like_the_searcher(server, evaluated):
     status, body, _ = call(server, "/search", {"query": "heart attack risk", "k": 6, "explain": True})
     assert status == 200, body
     assert (body["index_version"], body["enriched"], body["proposer"]) == (manifest["index_version"], True, None)
-    expected = searcher.run_program(RetrievalProgram.model_validate(body["program"]), k=6, explain=True)
+    expected = searcher.search(RetrievalProgram.model_validate(body["program"]), k=6, explain=True)
     assert [(h["doc_id"], h["score"]) for h in body["hits"]] == [(h.doc_id, h.score) for h in expected]
     for hit, want in zip(body["hits"], expected):
         assert {c["term"]: c["score"] for c in hit["contributions"]} == want.contributions
@@ -209,7 +209,7 @@ def test_expansion_with_its_weight_told_apart_from_the_original_part(server, eva
     assert body["program"]["w"] == 2 and body["expansion"]["source"] == "cache"
     assert body["proposer"]["backend"] == "openai" and body["proposer"]["model"] == "fake-llm"
     assert body["df_filter"] == {"tau": 0.25, "num_docs": 13, "max_df": 3.25}
-    expected = searcher.run_program(RetrievalProgram.model_validate(body["program"]), k=5, explain=True)
+    expected = searcher.search(RetrievalProgram.model_validate(body["program"]), k=5, explain=True)
     assert [(h["doc_id"], h["score"]) for h in body["hits"]] == [(h.doc_id, h.score) for h in expected]
     d01 = {c["term"]: c for c in body["hits"][0]["contributions"]}
     assert body["hits"][0]["doc_id"] == "d01"

@@ -17,6 +17,7 @@ OUTPUT_COLUMNS = tuple(OUTPUT_TYPES)
 # Rows per engine call. An HTTP batch is only a unit of Ray's scheduling (the requests in flight are bounded by
 # max_in_flight, across batches), and at a fleet's rate a small one costs more in Ray's overhead per row than the
 # request itself; an engine's batch is what it holds in memory and what a killed job loses.
+DEFAULT_PROPOSER = "encoder"  # embedded and CPU-only: what every job proposes with unless told otherwise
 BATCH_SIZES = {"openai": 128, "vllm": 16, "local": 16, "encoder": 16}
 
 
@@ -26,7 +27,8 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["openai", "vllm", "local", "encoder"] = "local"
+    backend: Literal["openai", "vllm", "local", "encoder"] = Field(
+        DEFAULT_PROPOSER, description="the proposer (encoder and local run embedded, on CPU)")
     model: str | None = Field(None, description="model id / path; local: a GGUF path or a packaged model name")
     base_url: str = Field(DEFAULT_OPENAI_BASE_URL, description="openai: the endpoint's /v1 base URL")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: environment variable holding the key")

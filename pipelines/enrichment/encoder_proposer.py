@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ray import ObjectRef
 
 PROPOSER_NAME = f"encoder:{ENCODER_NAME}"
+STAGE_BATCH = 64  # texts per Ray Data batch of the encoder stage
 
 _ENCODERS: dict[int, MiniLMEncoder] = {}
 
@@ -166,7 +167,7 @@ class EncoderActor:
 
 
 def encoder_stage(vocabulary: Vocabulary, cfg: EncoderProposerConfig, analyzer_json: str,
-                  batch_size: int = 64, concurrency: int | None = None) -> Callable:
+                  batch_size: int = STAGE_BATCH, concurrency: int | None = None) -> Callable:
     """The Ray Data stage; `concurrency` actors (None: one per CPU of the Ray cluster)."""
     def stage(ds):
         import ray

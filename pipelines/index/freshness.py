@@ -36,7 +36,7 @@ def ensure_index(dataset_spec: str, warehouse: str, preset: str, shards: int, sp
         if table_version(tables.table_uri(warehouse, tables.ENRICHMENT)) is not None:
             # No proposer named: index the warehouse's enrichment as it stands (each doc's newest proposal).
             return fresh_or_build(warehouse, preset, shards, spark_master, docs_version, tau, any_model=True, log=log)
-        doc_backend = BackendConfig(backend="encoder")  # nothing enriched yet: the CPU default proposer
+        doc_backend = BackendConfig()  # nothing enriched yet: the CPU default proposer
     if doc_backend.backend == "encoder":  # it proposes from a plain index's vocabulary
         fresh_or_build(warehouse, preset, shards, spark_master, docs_version, log=log)
     enrich_summary = enrich_corpus(EnrichConfig(warehouse=warehouse, backend=doc_backend, task=task, preset=preset),

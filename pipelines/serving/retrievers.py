@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from sira.core.defaults import DEFAULT_TAU
+from sira.core.defaults import DEFAULT_TAU, QUERY_BATCH, SEARCH_K
 from sira.core.enrichment import load_template
 from sira.core.proposers import Proposal, TermProposer
 from sira.core.retriever import Retriever
@@ -50,8 +50,8 @@ class CachedBatchProposer:
 def open_retriever(warehouse: str, index_version: int | None = None, preset: str | None = None, *,
                    enriched: bool | None = None, scorer: str = "local",
                    proposer: TermProposer | Callable[[dict], TermProposer] | None = None,
-                   tau: float = DEFAULT_TAU, w: float | None = None, k: int = 10, exclude_self: bool = False,
-                   batch_size: int = 256, manifest: dict | None = None) -> tuple[Retriever, dict]:
+                   tau: float = DEFAULT_TAU, w: float | None = None, k: int = SEARCH_K, exclude_self: bool = False,
+                   batch_size: int = QUERY_BATCH, manifest: dict | None = None) -> tuple[Retriever, dict]:
     """A Retriever over one published index version (`manifest`, or the newest matching `index_version`, `preset`
     and `enriched`) and that version's manifest row. `scorer`: "local" (this process maps the shard cache) or
     "actors" (a Ray actor per shard, scatter-gather). `proposer`: one, or a function of the manifest that makes one

@@ -47,7 +47,8 @@ from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.serving.online_proposer import OnlineProposal, OnlineProposer
 from sira.pipelines.tracking.runs import RunNotFound, compare_runs, list_runs, query_detail
 from sira.core import tables
-from sira.core.defaults import DEFAULT_TAU, FOLLOW_POLL_S
+from sira.core.defaults import (DEFAULT_TAU, FOLLOW_POLL_S, SEARCH_K, SERVE_MAX_CONCURRENT, SERVE_MAX_K,
+                                 SERVE_MAX_QUERY_CHARS)
 from sira.core.program import RetrievalProgram
 from sira.core.query_path import QueryPath
 from sira.core.retriever import Retriever
@@ -71,9 +72,9 @@ SECURITY_HEADERS = {
 
 @dataclass(frozen=True)
 class Limits:
-    max_query_chars: int = 2000
-    max_k: int = 1000
-    max_concurrent: int = 32
+    max_query_chars: int = SERVE_MAX_QUERY_CHARS
+    max_k: int = SERVE_MAX_K
+    max_concurrent: int = SERVE_MAX_CONCURRENT
     api_token: str | None = None  # None: no authentication
 
     @property
@@ -88,7 +89,7 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     query: str
-    k: int = 10
+    k: int = SEARCH_K
     expand: bool = False
     w: float | None = Field(None, ge=0, le=MAX_W, description="weight of the expansion part; None: the server's")
     must: list[str] = Field(default_factory=list, max_length=MAX_CONSTRAINTS)

@@ -35,12 +35,15 @@ from sira.core.enrichment import check_task
 Progress = Callable[[str, int | None, str], ContextManager[Callable[[int], None]]]
 
 
+INGEST_BATCH_ROWS = 20_000  # records parsed and validated at once
+
+
 class IngestConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(description="beir:NAME, a BEIR folder, a .jsonl[.gz] or a .parquet file")
     warehouse: str
-    batch_size: int = Field(20_000, gt=0)
+    batch_size: int = Field(INGEST_BATCH_ROWS, gt=0, description="records per parsed and validated batch")
     mode: Literal["replace", "merge"] = Field(
         "replace", description="replace: the snapshot becomes the table; merge: insert / update / delete by doc id "
                                "and content hash against the current table")

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sira.core.datasets import resolve_dataset
+from sira.core.defaults import SEARCH_K
 from sira.core.metrics import paired_comparison, read_trec_run
 
 RUNS_FOLDER = "runs"
@@ -98,7 +99,7 @@ def compare_runs(warehouse: str, base: str, run: str, metric: str = "ndcg@10") -
     return {**summary, "dataset": a["dataset"], "texts": {q: texts.get(q, "") for q in summary["per_query"]}}
 
 
-def query_detail(warehouse: str, base: str, run: str, qid: str, k: int = 10) -> dict:
+def query_detail(warehouse: str, base: str, run: str, qid: str, k: int = SEARCH_K) -> dict:
     """One judged query in two runs: each run's top k with the judged relevance of every hit and the run's
     retrieval program, and the query's judgments."""
     from sira.pipelines.serving.hit_details import read_documents
@@ -136,3 +137,31 @@ def _program(warehouse: str, info: dict, qid: str) -> dict | None:
             if i == line:
                 return json.loads(text)
     return None
+
+
+def write_run(run_path: Path, run_hits: dict, programs: list, tag: str) -> Path:
+    """The TREC run file and the programs beside it (JSONL, in query order); returns the programs' path."""
+    from sira.core.metrics import write_trec_run
+
+    write_trec_run(run_hits, run_path, tag)
+    programs_path = run_path.with_suffix(PROGRAMS_SUFFIX)
+    programs_path.write_text("".join(p.model_dump_json() + "\n" for p in programs), encoding="utf-8")
+    return programs_path
+
+
+def answer_coverage_of(warehouse: str, run_hits: dict, answers: dict[str, list[str]], ks=(10, 100)) -> dict[str, float]:
+    """answer_coverage@k of a run on a dataset with gold answers, over the passages of its top hits."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from sira.pipelines.storage.delta_io import read_table
+    from sira.core import tables
+    from sira.core.analysis import index_text
+    from sira.core.metrics import answer_coverage
+
+    wanted = sorted({d for q in answers for d, _ in sorted(run_hits.get(q, {}).items(), key=lambda kv: -kv[1])[:max(ks)]})
+    docs = read_table(tables.table_uri(warehouse, tables.DOCS), columns=["doc_id", "title", "text"])
+    docs = docs.filter(pc.is_in(docs["doc_id"], value_set=pa.array(wanted, pa.string())))
+    passages = {d: index_text(t, x) for d, t, x in zip(docs["doc_id"].to_pylist(), docs["title"].to_pylist(),
+                                                      docs["text"].to_pylist())}
+    return {f"answer_coverage@{k}": answer_coverage(run_hits, answers, passages, k) for k in ks}
