@@ -156,15 +156,16 @@ def _print_hits(program, manifest: dict, hits: list[tuple[str, float]], contribu
 
 
 @app.command()
-@config_options(query_job.QueryConfig, ("warehouse", "queries", "out", "run_id", "k", "expand", *PROPOSER, "task", "w",
-                                        "tau", "index_version", "preset", "batch_size", "ray_address"))
+@config_options(query_job.QueryConfig, ("warehouse", "queries", "out", "parquet", "run_id", "k", "expand", *PROPOSER,
+                                        "task", "w", "tau", "index_version", "preset", "batch_size", "commit_every",
+                                        "ray_address"))
 def query(ctx: typer.Context, values: dict, verbose: bool = Verbose, output_json: Optional[Path] = OutputJson):
     """Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run."""
     cfg = query_job.QueryConfig(**values)
     log_engines(ctx, cfg.warehouse, verbose)
     summary = query_job.run(cfg)
-    stdout.print(f"run {summary['run_id']}: scored {summary['scored']}, skipped {summary['skipped']} "
-                 f"-> {summary['run_file']}")
+    stdout.print(f"run {summary['run_id']}: scored {summary['scored']}, skipped {summary['skipped']}, rejected "
+                 f"{summary['rejected']} -> {summary['run_file']}, {summary['parquet_file']}")
     write_json(summary, output_json)
 
 

@@ -1,21 +1,21 @@
-"""`sira query`: bulk scoring. Queries are expanded in batches through the configured LLM backend (Ray Data,
-cached in `expansions`), DF-validated into retrieval programs, scored scatter-gather against shard actors,
-and written to the Delta `runs` table (programs included) and a TREC run file. Incremental and resumable:
-a rerun with the same run id scores only the queries that are not in `runs` yet, on the index version the run
-started on."""
+"""`sira query`: bulk scoring. The query file is read in chunks of `commit_every` lines (any length: a chunk at a
+time is in memory); each chunk's queries are expanded through the configured proposer (Ray Data, cached in
+`expansions`), DF-validated into retrieval programs and scored scatter-gather against shard actors, and the chunk
+is appended to the Delta `runs` table in one commit, its bad lines with their reason. Then the TREC run and the
+Parquet run are written from the table. A rerun with the same run id resumes after the last committed line, on the
+index version the run started on."""
 
 from __future__ import annotations
 
 import time
+from itertools import islice
 from pathlib import Path
 
-import pyarrow as pa
 from pydantic import ConfigDict, Field
 
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.core import tables
-from sira.core.defaults import DEFAULT_DEPTH, DEPTH_HELP, QUERY_BATCH, ExpansionParams
+from sira.core.defaults import DEFAULT_DEPTH, DEPTH_HELP, QUERY_BATCH, QUERY_COMMIT_LINES, ExpansionParams
 
 
 class QueryConfig(ExpansionParams):
@@ -24,6 +24,8 @@ class QueryConfig(ExpansionParams):
     warehouse: str
     queries: str = Field(description="queries.jsonl[.gz] ({_id, text}), a TSV (qid<TAB>text) or a Delta table (qid, query)")
     out: Path = Field(description="TREC run file to write")
+    parquet: Path | None = Field(None, description="Parquet run to write (qid, doc_id, rank, score, program_id); "
+                                                   "default: the TREC file's path with .parquet")
     run_id: str | None = Field(None, description="default: the run file's name without extension")
     k: int = Field(DEFAULT_DEPTH, ge=1, le=10_000, description=DEPTH_HELP)
     expand: bool = True
@@ -32,53 +34,74 @@ class QueryConfig(ExpansionParams):
     task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
     index_version: int | None = None
     preset: str | None = None
-    batch_size: int = Field(QUERY_BATCH, gt=0, description="queries per scoring round and per runs-table commit")
+    batch_size: int = Field(QUERY_BATCH, gt=0, description="queries per scoring round")
+    commit_every: int = Field(QUERY_COMMIT_LINES, gt=0, description="query-file lines per chunk: expanded together "
+                                                                    "and committed to the runs table at once")
     ray_address: str | None = None
+
+    @property
+    def parquet_path(self) -> Path:
+        return self.parquet or self.out.with_suffix(".parquet")
 
 
 def run(cfg: QueryConfig) -> dict:
+    from sira.pipelines.enrichment.ray_enrich import init_ray
     from sira.pipelines.index.catalog import find_index
-    from sira.pipelines.serving.query_runs import read_queries, resumed, write_trec
+    from sira.pipelines.serving.query_runs import QueryRun, iter_queries
 
     run_id = cfg.run_id or cfg.out.name.split(".")[0]
-    queries = read_queries(cfg.queries)
-    runs_uri = tables.table_uri(cfg.warehouse, tables.RUNS)
-    done, index_version = resumed(runs_uri, run_id, cfg.index_version)
-    manifest = find_index(cfg.warehouse, index_version, cfg.preset)
-    todo = {q: text for q, text in sorted(queries.items()) if q not in done}
-    console.log(f"query run {run_id!r}: {len(todo)} queries to score, {len(done)} already in runs "
-                f"(index v{manifest['index_version']}, expansion {'on' if cfg.expand else 'off'})")
-    started = time.perf_counter()
-    expansion = _score(cfg, run_id, todo, manifest, runs_uri) if todo else None
-    write_trec(runs_uri, run_id, cfg.out)
-    return {"run_id": run_id, "queries": len(queries), "scored": len(todo), "skipped": len(done),
-            "index_version": manifest["index_version"], "run_file": str(cfg.out), "expansion": expansion,
-            "seconds": time.perf_counter() - started}
+    query_run = QueryRun(cfg.warehouse, run_id)
+    state = query_run.resume(cfg.index_version)
+    manifest = find_index(cfg.warehouse, state.index_version, cfg.preset)
+    console.log(f"query run {run_id!r}: from line {state.last_line + 1} of {cfg.queries} ({state.scored} queries "
+                f"scored and {state.rejected} lines rejected before; index v{manifest['index_version']}, expansion "
+                f"{'on' if cfg.expand else 'off'})")
+    started, before = time.perf_counter(), (state.scored, state.rejected)
+    init_ray(cfg.ray_address)
+    retriever, expansion = _retriever(cfg, manifest), {}
+    lines = iter_queries(cfg.queries, after=state.last_line)
+    with progress_bar("score queries", total=None, unit="queries") as advance:
+        while chunk := list(islice(lines, cfg.commit_every)):
+            _score_chunk(retriever, query_run, state, chunk, manifest["index_version"], expansion, advance)
+    counts = query_run.write_outputs(cfg.out, cfg.parquet_path, f"sira-{run_id}")
+    return {"run_id": run_id, "queries": counts["scored"], "scored": state.scored - before[0],
+            "skipped": before[0], "rejected": counts["rejected"], "index_version": manifest["index_version"],
+            "run_file": str(cfg.out), "parquet_file": str(cfg.parquet_path), "hits": counts["hits"],
+            "expansion": expansion or None, "seconds": time.perf_counter() - started}
 
 
-def _score(cfg: QueryConfig, run_id: str, todo: dict[str, str], manifest: dict, runs_uri: str) -> dict | None:
-    """Expand (cached) and score `todo` on the shard actors, committing each batch to the runs table; returns the
-    expansion's summary."""
-    from sira.pipelines.enrichment.ray_enrich import init_ray
-    from sira.pipelines.serving.query_runs import commit_runs
+def _retriever(cfg: QueryConfig, manifest: dict):
+    """The shard actors, and the cached expansion dataflow in front of them when expanding."""
     from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
 
-    init_ray(cfg.ray_address)
-    proposer, proposals, expansion = None, None, None
-    if cfg.expand:  # before the shard actors start: the expansion dataflow has the machine's cores to itself
-        proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address)
-        with progress_bar("expand queries", total=len(todo), unit="queries") as advance:
-            proposer.on_progress = advance
-            proposals = proposer.propose(list(todo.values()))
-        expansion = proposer.summary
+    proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address) \
+        if cfg.expand else None
     retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer="actors", proposer=proposer, tau=cfg.tau,
                                   w=cfg.w, k=cfg.k, batch_size=cfg.batch_size)
-    with progress_bar("score queries", total=len(todo), unit="queries") as advance:
-        def commit(qids: list[str], programs: list, results: pa.Table) -> None:
-            commit_runs(runs_uri, run_id, qids, todo, programs, results, manifest["index_version"])
-            advance(len(qids))
-
-        retriever.run(todo, proposals=proposals, on_batch=commit)
-    return expansion
+    return retriever
 
 
+def _score_chunk(retriever, query_run, state, chunk: list, index_version: int, expansion: dict, advance) -> None:
+    """Score one chunk's good lines (a repeated query id is rejected: the run keeps its first line) and commit the
+    chunk's rows; `expansion` adds up the proposer's counters."""
+    from dataclasses import replace
+
+    from sira.core.retriever import hits_by_query
+
+    lines = []
+    for q in chunk:
+        if q.error is None and q.qid in state.seen:
+            q = replace(q, error="repeated query id (its first line is scored)")
+        elif q.error is None:
+            state.seen.add(q.qid)
+        lines.append(q)
+    todo = {q.qid: q.text for q in lines if q.error is None}
+    programs, results = retriever.run(todo, on_batch=lambda qids, *_: advance(len(qids)))
+    if retriever.proposer is not None and todo:
+        for key, value in (retriever.proposer.summary or {}).items():
+            expansion[key] = expansion.get(key, 0) + value if isinstance(value, (int, float)) else value
+    hits = {q: (list(h), list(h.values())) for q, h in hits_by_query(results).items()}
+    query_run.commit(lines, dict(zip(todo, programs)), hits, index_version)
+    state.last_line = chunk[-1].line
+    state.scored += len(todo)
+    state.rejected += len(lines) - len(todo)

@@ -28,8 +28,11 @@ DEFAULT_PRESET = "sira"
 PRESET_HELP = "index preset: sira (the paper's analysis, bigrams) | pyserini-flat (Pyserini's BEIR flat baseline)"
 # Hits `sira search` shows.
 SEARCH_K = 10
-# Queries per scoring round (and, in `sira query`, per runs-table commit).
+# Queries per scoring round.
 QUERY_BATCH = 256
+# Query-file lines per `sira query` chunk: expanded together, then appended to the runs table in one commit (the
+# most a killed run redoes).
+QUERY_COMMIT_LINES = 10_000
 # What one `sira serve` request may ask: the longest query, the deepest k, and searches in flight at once.
 SERVE_MAX_QUERY_CHARS = 2000
 SERVE_MAX_K = 1000

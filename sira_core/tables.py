@@ -106,12 +106,15 @@ RUNS = "runs"
 RUNS_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),
+        pa.field("line", pa.int64(), nullable=False),  # the query's 1-based line (or row) in the query file
         pa.field("qid", pa.string(), nullable=False),
-        pa.field("query", pa.string(), nullable=False),
-        pa.field("program", pa.string(), nullable=False),  # RetrievalProgram JSON
+        pa.field("query", pa.string(), nullable=False),  # a rejected line: the line as read, cut to RAW_KEEP_CHARS
+        pa.field("program", pa.string(), nullable=False),  # RetrievalProgram JSON ("" for a rejected line)
+        pa.field("program_id", pa.string(), nullable=False),  # a hash of `program`, the Parquet run's link to it
         pa.field("doc_ids", pa.list_(pa.string()), nullable=False),
         pa.field("scores", pa.list_(pa.float32()), nullable=False),
         pa.field("index_version", pa.int64(), nullable=False),
+        pa.field("error", pa.string()),  # why the line was rejected; None for a scored query
         pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
 )

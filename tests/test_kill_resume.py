@@ -44,7 +44,7 @@ INDEX_TABLE_KEYS = {
 # Night 2 of the incremental build that gets killed: one document changed, one deleted, one added.
 NIGHT_2 = [{**d, "text": d["text"] + " Clots too."} if d["_id"] == "d03" else d for d in TINY_DOCS
            if d["_id"] != "d08"] + [{"_id": "d13", "title": "Zebrafish", "text": "Zebrafish regenerate heart tissue."}]
-QUERY_COMMIT = 256  # `sira query` commits one scoring batch of this many queries at a time (its default)
+QUERY_COMMIT = 256  # `sira query --commit-every`: the query-file lines of one runs-table commit
 NUM_QUERIES = 4 * QUERY_COMMIT
 
 
@@ -152,7 +152,7 @@ def test_killed_query_run_resumes_to_the_runs_of_an_uninterrupted_one(base_wareh
 
     def command(warehouse: str) -> list[str]:
         return ["query", "--warehouse", warehouse, "--queries", str(folder / "queries.jsonl.gz"), "--run-id", "bulk",
-                "--out", f"{warehouse}.trec", "-k", "10", "--no-expand"]
+                "--out", f"{warehouse}.trec", "-k", "10", "--no-expand", "--commit-every", str(QUERY_COMMIT)]
 
     runs_uri = tables.table_uri(wh, tables.RUNS)
     log = tmp_path / "killed.log"

@@ -1,85 +1,276 @@
-"""`sira query`'s rows in the Delta runs table (one per query: its program and ranked hits, the index version it was
-scored on): the query files a run reads, the queries a killed run already committed, each scored batch appended,
-and the TREC file written from the table."""
+"""`sira query`'s rows in the Delta runs table, and the query files it streams.
+
+A run reads its query file line by line (`iter_queries`), in chunks of bounded size; each chunk's rows, the scored
+queries (program, ranked hits, index version) and the rejected lines (with their reason), are appended in one
+commit. Every row carries its line number, so the committed part of a run is a prefix of its file: a killed run
+resumes after the last committed line (`QueryRun.resume`), and the outputs (a TREC run and a Parquet run) are
+written from the table file by file in line order, with memory bounded by one commit's rows.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
-from sira.pipelines.storage.delta_io import read_table, table_exists, write_table
+from sira.pipelines.storage.delta_io import data_files, open_data_file, table_exists, write_table
 from sira.core import tables
 from sira.core.datasets import iter_lines
 
+# A Parquet run: one row per hit, what a reader of rankings needs without the programs (those are in the runs
+# table, by program_id).
+PARQUET_RUN_SCHEMA = pa.schema([
+    pa.field("qid", pa.string(), nullable=False),
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("score", pa.float32(), nullable=False),
+    pa.field("program_id", pa.string(), nullable=False),
+])
 
-def read_queries(spec: str) -> dict[str, str]:
+
+@dataclass(frozen=True)
+class QueryLine:
+    """One line (or Delta row) of a query file: its id and text, or why it was rejected (then `raw` is the line)."""
+
+    line: int
+    qid: str
+    text: str
+    error: str | None = None
+
+
+def iter_queries(spec: str, after: int = 0) -> Iterator[QueryLine]:
+    """The queries of a queries.jsonl[.gz] ({_id, text} or {qid, query}), a qid<TAB>text TSV or a Delta table
+    (qid, query), from the line after `after` on; a bad line is yielded with its reason instead of stopping."""
+    from deltalake import DeltaTable
+
     path = Path(spec)
     if path.is_dir() and DeltaTable.is_deltatable(spec):
-        t = read_table(spec, columns=["qid", "query"])
-        return dict(zip(t["qid"].to_pylist(), t["query"].to_pylist()))
+        yield from _delta_queries(spec, after)
+        return
     if not path.exists():
         raise FileNotFoundError(f"queries {spec!r} not found (expected .jsonl[.gz], .tsv or a Delta table)")
-    out: dict[str, str] = {}
-    for n, line in iter_lines(path):
-        text = line.decode("utf-8")
-        if path.name.endswith((".tsv", ".tsv.gz")):
-            qid, sep, query = text.partition("\t")
-            if not sep:
-                raise ValueError(f"{path}:{n}: expected qid<TAB>text")
-        else:
+    tsv = path.name.endswith((".tsv", ".tsv.gz"))
+    for n, raw in iter_lines(path):
+        if n > after:
+            yield _parse_line(n, raw, tsv)
+
+
+def _parse_line(n: int, raw: bytes, tsv: bool) -> QueryLine:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return QueryLine(n, "", raw.decode("utf-8", "replace"), f"not UTF-8: {exc.reason} at byte {exc.start}")
+    if tsv:
+        qid, sep, query = text.partition("\t")
+        if not sep:
+            return QueryLine(n, "", text, "expected qid<TAB>text")
+    else:
+        try:
             obj = json.loads(text)
-            qid, query = str(obj.get("_id", obj.get("qid", ""))), obj.get("text", obj.get("query", ""))
-        if not qid or not query.strip():
-            raise ValueError(f"{path}:{n}: query without id or text")
-        out[qid] = query
-    return out
+        except json.JSONDecodeError as exc:
+            return QueryLine(n, "", text, f"not JSON: {exc.msg} at column {exc.colno}")
+        if not isinstance(obj, dict):
+            return QueryLine(n, "", text, f"expected a JSON object, got {type(obj).__name__}")
+        qid, query = obj.get("_id", obj.get("qid", "")), obj.get("text", obj.get("query", ""))
+        if not isinstance(qid, (str, int)) or not isinstance(query, str):
+            return QueryLine(n, "", text, "the id must be a string or number and the text a string")
+        qid = str(qid)
+    return _checked(n, qid.strip(), query, text)
 
 
-def resumed(runs_uri: str, run_id: str, index_version: int | None) -> tuple[set[str], int | None]:
-    """The queries of run `run_id` already in the runs table, and the index version the run scores on: a resumed
-    run finishes on the index its committed queries were scored on (a version published in between, the nightly
-    build, would otherwise mix two indexes in one run)."""
-    if not table_exists(runs_uri):
-        return set(), index_version
-    t = read_table(runs_uri, columns=["run_id", "qid", "index_version"])
-    t = t.filter(pc.equal(t["run_id"], run_id))
-    scored_on = set(t["index_version"].to_pylist())
-    if index_version is None and scored_on:
-        index_version = max(scored_on)
-    elif scored_on - {index_version}:
-        on = ", ".join(f"v{v}" for v in sorted(scored_on))
-        raise ValueError(f"run {run_id!r} has queries scored on index {on}, not v{index_version}: "
-                         "resume it on its own version or start a new run id")
-    return set(t["qid"].to_pylist()), index_version
+def _checked(n: int, qid: str, query: str, raw: str) -> QueryLine:
+    if not qid:
+        return QueryLine(n, "", raw, "no query id")
+    if not query.strip():
+        return QueryLine(n, qid, raw, "empty query text")
+    return QueryLine(n, qid, query)
 
 
-def write_trec(runs_uri: str, run_id: str, out: Path) -> None:
-    """The run's TREC file, from every query of it in the runs table (those scored before a resume included)."""
-    from sira.core.metrics import write_trec_run
+def _delta_queries(spec: str, after: int) -> Iterator[QueryLine]:
+    from deltalake import DeltaTable
 
-    rows = read_table(runs_uri, columns=["run_id", "qid", "doc_ids", "scores"]) if table_exists(runs_uri) else \
-        pa.Table.from_pylist([], schema=tables.RUNS_SCHEMA)
-    rows = rows.filter(pc.equal(rows["run_id"], run_id))
-    run_hits = {q: dict(zip(ids, scores)) for q, ids, scores in
-                zip(rows["qid"].to_pylist(), rows["doc_ids"].to_pylist(), rows["scores"].to_pylist())}
-    write_trec_run({q: run_hits[q] for q in sorted(run_hits)}, out, f"sira-{run_id}")
+    n = 0
+    for batch in DeltaTable(spec).to_pyarrow_dataset().to_batches(columns=["qid", "query"]):
+        for qid, query in zip(batch["qid"].to_pylist(), batch["query"].to_pylist()):
+            n += 1
+            if n > after:
+                yield _checked(n, str(qid or "").strip(), query or "", json.dumps({"qid": qid, "query": query}))
 
 
-def commit_runs(uri, run_id, qids, texts, programs, results: pa.Table, index_version) -> None:
-    from sira.core.retriever import hits_by_query
+class SeenIds:
+    """The query ids a run has taken, to reject a repeated one: 8 bytes per id in a sorted array, with a small set
+    for the newest (a 10M-query run holds 80 MB, not its ids)."""
 
-    now = datetime.now(timezone.utc)
-    hits = hits_by_query(results)  # each query's hits best first
-    rows = pa.Table.from_pylist([
-        {"run_id": run_id, "qid": q, "query": texts[q], "program": p.model_dump_json(),
-         "doc_ids": list(hits.get(q, {})), "scores": list(hits.get(q, {}).values()), "index_version": index_version,
-         "created_at": now}
-        for q, p in zip(qids, programs)], schema=tables.RUNS_SCHEMA)
-    # An append, not a MERGE: a MERGE reads the table it merges into, so each commit cost more as the run grew. The
-    # rows are new by construction: the queries of this run not in the table yet (`resumed`), each batch once.
-    write_table(uri, rows)
+    MERGE_EVERY = 65_536
+
+    def __init__(self) -> None:
+        self._sorted = np.empty(0, np.uint64)
+        self._recent: set[int] = set()
+
+    @staticmethod
+    def _key(qid: str) -> int:
+        return int.from_bytes(hashlib.blake2b(qid.encode(), digest_size=8).digest(), "little")
+
+    def __contains__(self, qid: str) -> bool:
+        key = self._key(qid)
+        i = np.searchsorted(self._sorted, np.uint64(key))
+        return key in self._recent or (i < len(self._sorted) and int(self._sorted[i]) == key)
+
+    def add(self, qid: str) -> None:
+        self._recent.add(self._key(qid))
+        if len(self._recent) >= self.MERGE_EVERY:
+            self._sorted = np.union1d(self._sorted, np.fromiter(self._recent, np.uint64, len(self._recent)))
+            self._recent.clear()
+
+
+@dataclass
+class Resumed:
+    """Where a run stands in the runs table: its last committed line, the index version it scores on, the ids it
+    took and its counts so far."""
+
+    last_line: int = 0
+    index_version: int | None = None
+    seen: SeenIds = field(default_factory=SeenIds)
+    scored: int = 0
+    rejected: int = 0
+
+
+class QueryRun:
+    """One run id's rows in the runs table of a warehouse."""
+
+    def __init__(self, warehouse: str, run_id: str):
+        self.uri, self.run_id = tables.table_uri(warehouse, tables.RUNS), run_id
+
+    def _files(self) -> list[tuple[int, str]]:
+        """(first line, path) of the table's data files that hold this run, in line order. Each commit of a run
+        writes files of its own, so a file's rows are one stretch of the run's lines (Delta's per-file statistics
+        say which run and which lines without opening it)."""
+        if not table_exists(self.uri):
+            return []
+        from deltalake import DeltaTable
+
+        actions = pa.table(DeltaTable(self.uri).get_add_actions(flatten=True))
+        names = set(actions.column_names)
+        if "min.line" not in names:
+            if actions.num_rows and _holds_run(self.uri, data_files(self.uri), self.run_id):
+                raise ValueError(_OLD_RUN.format(self.run_id))
+            return []
+        found = []
+        for path, lo, hi, first in zip(actions["path"].to_pylist(), actions["min.run_id"].to_pylist(),
+                                       actions["max.run_id"].to_pylist(), actions["min.line"].to_pylist()):
+            if lo is not None and lo <= self.run_id <= hi:
+                if first is None:  # rows written before lines were recorded
+                    raise ValueError(_OLD_RUN.format(self.run_id))
+                found.append((first, path))
+        return sorted(found)
+
+    def rows(self, columns: Sequence[str]) -> Iterator[pa.Table]:
+        """This run's rows, file by file in line order (each sorted by line)."""
+        for _, path in self._files():
+            t = open_data_file(self.uri, path).read(columns=sorted({*columns, "run_id", "line"}))
+            yield t.filter(pc.equal(t["run_id"], self.run_id)).sort_by("line").select(list(columns))
+
+    def resume(self, index_version: int | None) -> Resumed:
+        """The committed part of the run; `index_version` (the version asked for, None: the newest) is checked
+        against the one its committed queries were scored on: a run finishes on that index (a version published in
+        between, the nightly build, would otherwise mix two indexes in one run)."""
+        state, scored_on = Resumed(index_version=index_version), set()
+        for t in self.rows(["line", "qid", "index_version", "error"]):
+            state.last_line = max(state.last_line, t["line"][-1].as_py()) if t.num_rows else state.last_line
+            ok = pc.is_null(t["error"])
+            state.scored += pc.sum(ok.cast(pa.int64())).as_py() or 0
+            state.rejected += t.num_rows - (pc.sum(ok.cast(pa.int64())).as_py() or 0)
+            for qid in t.filter(ok)["qid"].to_pylist():
+                state.seen.add(qid)
+            scored_on |= set(t.filter(ok)["index_version"].to_pylist())
+        if index_version is None and scored_on:
+            state.index_version = max(scored_on)
+        elif scored_on - {index_version}:
+            on = ", ".join(f"v{v}" for v in sorted(scored_on))
+            raise ValueError(f"run {self.run_id!r} has queries scored on index {on}, not v{index_version}: "
+                             "resume it on its own version or start a new run id")
+        return state
+
+    def commit(self, lines: Sequence[QueryLine], programs: dict, hits: dict[str, tuple[list, list]],
+               index_version: int) -> None:
+        """One chunk's rows in one append: each line in order, scored (`programs` and `hits` by qid) or rejected.
+        An append, not a MERGE: a MERGE reads the table it merges into, so each commit cost more as the run grew;
+        the rows are new by construction (the lines after the last committed one)."""
+        now, rows = datetime.now(timezone.utc), []
+        for q in lines:
+            program = programs[q.qid].model_dump_json() if q.error is None else ""
+            doc_ids, scores = hits.get(q.qid, ([], [])) if q.error is None else ([], [])
+            rows.append({"run_id": self.run_id, "line": q.line, "qid": q.qid,
+                         "query": q.text[:tables.RAW_KEEP_CHARS] if q.error else q.text, "program": program,
+                         "program_id": program_id(program) if program else "", "doc_ids": doc_ids,
+                         "scores": scores, "index_version": index_version, "error": q.error, "created_at": now})
+        write_table(self.uri, pa.Table.from_pylist(rows, schema=tables.RUNS_SCHEMA))
+
+    def write_outputs(self, trec: Path, parquet: Path | None, tag: str) -> dict:
+        """The run's TREC file (`qid Q0 doc rank score tag`) and Parquet run, in line order, each written to a
+        temporary file and renamed once complete; returns the counts."""
+        import pyarrow.parquet as pq
+
+        counts = {"scored": 0, "rejected": 0, "hits": 0}
+        trec.parent.mkdir(parents=True, exist_ok=True)
+        tmp_trec = trec.with_name(trec.name + ".part")
+        tmp_parquet = parquet.with_name(parquet.name + ".part") if parquet is not None else None
+        writer = pq.ParquetWriter(tmp_parquet, PARQUET_RUN_SCHEMA) if tmp_parquet is not None else None
+        try:
+            with open(tmp_trec, "w", encoding="utf-8") as out:
+                for t in self.rows(["qid", "doc_ids", "scores", "program_id", "error"]):
+                    ok = t.filter(pc.is_null(t["error"]))
+                    counts["scored"] += ok.num_rows
+                    counts["rejected"] += t.num_rows - ok.num_rows
+                    hits = _hits_table(ok)
+                    counts["hits"] += hits.num_rows
+                    out.writelines(f"{q} Q0 {d} {r} {s:.6f} {tag}\n" for q, d, r, s in zip(
+                        hits["qid"].to_pylist(), hits["doc_id"].to_pylist(), hits["rank"].to_pylist(),
+                        hits["score"].to_pylist()))
+                    if writer is not None:
+                        writer.write_table(hits)
+        finally:
+            if writer is not None:
+                writer.close()
+        os.replace(tmp_trec, trec)
+        if tmp_parquet is not None:
+            os.replace(tmp_parquet, parquet)
+        return counts
+
+
+_OLD_RUN = ("run {!r} was written by a sira query that did not record line numbers, so it cannot be resumed: "
+            "start a new run id")
+
+
+def _holds_run(uri: str, paths: Sequence[str], run_id: str) -> bool:
+    return any(run_id in open_data_file(uri, p).read(columns=["run_id"])["run_id"].to_pylist() for p in paths)
+
+
+def _hits_table(rows: pa.Table) -> pa.Table:
+    """One row per hit (qid, doc_id, rank, score, program_id) of rows with list columns doc_ids and scores."""
+    lengths = pc.list_value_length(rows["doc_ids"]).fill_null(0)
+    parent = pc.list_parent_indices(rows["doc_ids"])
+    starts = np.concatenate([[0], np.cumsum(lengths.to_numpy())[:-1]]).astype(np.int64) if rows.num_rows else \
+        np.empty(0, np.int64)
+    positions = np.arange(len(parent), dtype=np.int64) - starts[parent.to_numpy()] if len(parent) else \
+        np.empty(0, np.int64)
+    return pa.table({
+        "qid": rows["qid"].take(parent),
+        "doc_id": pc.list_flatten(rows["doc_ids"]),
+        "rank": pa.array(positions + 1, pa.int32()),
+        "score": pc.list_flatten(rows["scores"]),
+        "program_id": rows["program_id"].take(parent),
+    }, schema=PARQUET_RUN_SCHEMA)
+
+
+def program_id(program_json: str) -> str:
+    """A short content hash of a program's JSON: rows with the same program share it."""
+    return hashlib.blake2b(program_json.encode(), digest_size=8).hexdigest()
