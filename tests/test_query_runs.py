@@ -134,6 +134,17 @@ def test_a_run_stopped_between_commits_resumes_to_an_uninterrupted_one(warehouse
         run_query(warehouse, queries, tmp_path / "mixed.trec", index_version=1)
 
 
+def test_a_runs_table_of_the_older_layout_is_named_not_appended_to(warehouse, tmp_path):
+    import pyarrow as pa
+
+    from sira.pipelines.storage.delta_io import write_table
+    from sira.core import tables
+
+    write_table(tables.table_uri(warehouse, tables.RUNS), pa.table({"run_id": ["old"], "qid": ["q1"]}))
+    with pytest.raises(ValueError, match="before runs recorded line numbers"):
+        run_query(warehouse, write_queries(tmp_path / "q.jsonl.gz", LINES[:2]), tmp_path / "x.trec")
+
+
 def test_hits_table_ranks_each_querys_hits_from_one():
     import pyarrow as pa
 

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sira.pipelines.storage.delta_io import data_files, open_data_file, table_exists, write_table
+from sira.pipelines.storage.delta_io import open_data_file, table_exists, write_table
 from sira.core import tables
 from sira.core.datasets import iter_lines
 
@@ -157,18 +157,20 @@ class QueryRun:
             return []
         from deltalake import DeltaTable
 
-        actions = pa.table(DeltaTable(self.uri).get_add_actions(flatten=True))
-        names = set(actions.column_names)
-        if "min.line" not in names:
-            if actions.num_rows and _holds_run(self.uri, data_files(self.uri), self.run_id):
-                raise ValueError(_OLD_RUN.format(self.run_id))
+        table = DeltaTable(self.uri)
+        if "line" not in table.schema().to_arrow().names:
+            raise ValueError(f"{self.uri} was written by a sira query before runs recorded line numbers and cannot "
+                             "take this run's rows: move that table aside (it stays a readable Delta table) or "
+                             "query into another warehouse")
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
             return []
+        if "min.line" not in actions.column_names:  # statistics not written: every file is read for them
+            raise ValueError(f"{self.uri}: its files carry no statistics of `line`; rewrite the table with them")
         found = []
         for path, lo, hi, first in zip(actions["path"].to_pylist(), actions["min.run_id"].to_pylist(),
                                        actions["max.run_id"].to_pylist(), actions["min.line"].to_pylist()):
             if lo is not None and lo <= self.run_id <= hi:
-                if first is None:  # rows written before lines were recorded
-                    raise ValueError(_OLD_RUN.format(self.run_id))
                 found.append((first, path))
         return sorted(found)
 
@@ -244,14 +246,6 @@ class QueryRun:
         if tmp_parquet is not None:
             os.replace(tmp_parquet, parquet)
         return counts
-
-
-_OLD_RUN = ("run {!r} was written by a sira query that did not record line numbers, so it cannot be resumed: "
-            "start a new run id")
-
-
-def _holds_run(uri: str, paths: Sequence[str], run_id: str) -> bool:
-    return any(run_id in open_data_file(uri, p).read(columns=["run_id"])["run_id"].to_pylist() for p in paths)
 
 
 def _hits_table(rows: pa.Table) -> pa.Table:
