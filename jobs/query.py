@@ -58,16 +58,19 @@ def run(cfg: QueryConfig) -> dict:
                 f"{'on' if cfg.expand else 'off'})")
     started, before = time.perf_counter(), (state.scored, state.rejected)
     init_ray(cfg.ray_address)
-    retriever, expansion = _retriever(cfg, manifest), {}
+    retriever, expansion, parts = _retriever(cfg, manifest), {}, dict.fromkeys(("expansion", "scoring", "commits"), 0.0)
     lines = iter_queries(cfg.queries, after=state.last_line)
     with progress_bar("score queries", total=None, unit="queries") as advance:
         while chunk := list(islice(lines, cfg.commit_every)):
-            _score_chunk(retriever, query_run, state, chunk, manifest["index_version"], expansion, advance)
+            _score_chunk(retriever, query_run, state, chunk, manifest["index_version"], expansion, parts, advance)
+    outputs_started = time.perf_counter()
     counts = query_run.write_outputs(cfg.out, cfg.parquet_path, f"sira-{run_id}")
+    parts["outputs"] = time.perf_counter() - outputs_started
     return {"run_id": run_id, "queries": counts["scored"], "scored": state.scored - before[0],
             "skipped": before[0], "rejected": counts["rejected"], "index_version": manifest["index_version"],
             "run_file": str(cfg.out), "parquet_file": str(cfg.parquet_path), "hits": counts["hits"],
-            "expansion": expansion or None, "seconds": time.perf_counter() - started}
+            "expansion": expansion or None, "seconds": time.perf_counter() - started,
+            "seconds_by_part": {k: round(v, 3) for k, v in parts.items()}}
 
 
 def _retriever(cfg: QueryConfig, manifest: dict):
@@ -81,9 +84,10 @@ def _retriever(cfg: QueryConfig, manifest: dict):
     return retriever
 
 
-def _score_chunk(retriever, query_run, state, chunk: list, index_version: int, expansion: dict, advance) -> None:
+def _score_chunk(retriever, query_run, state, chunk: list, index_version: int, expansion: dict, parts: dict,
+                 advance) -> None:
     """Score one chunk's good lines (a repeated query id is rejected: the run keeps its first line) and commit the
-    chunk's rows; `expansion` adds up the proposer's counters."""
+    chunk's rows; `expansion` adds up the proposer's counters, `parts` the seconds of each part."""
     from dataclasses import replace
 
     from sira.core.retriever import hits_by_query
@@ -96,12 +100,18 @@ def _score_chunk(retriever, query_run, state, chunk: list, index_version: int, e
             state.seen.add(q.qid)
         lines.append(q)
     todo = {q.qid: q.text for q in lines if q.error is None}
-    programs, results = retriever.run(todo, on_batch=lambda qids, *_: advance(len(qids)))
-    if retriever.proposer is not None and todo:
-        for key, value in (retriever.proposer.summary or {}).items():
-            expansion[key] = expansion.get(key, 0) + value if isinstance(value, (int, float)) else value
+    t = time.perf_counter()
+    proposals = retriever.proposer.propose(list(todo.values())) if retriever.proposer is not None and todo else None
+    for key, value in ((retriever.proposer.summary or {}) if proposals is not None else {}).items():
+        expansion[key] = expansion.get(key, 0) + value if isinstance(value, (int, float)) else value
+    parts["expansion"] += time.perf_counter() - t
+    t = time.perf_counter()
+    programs, results = retriever.run(todo, proposals=proposals, on_batch=lambda qids, *_: advance(len(qids)))
     hits = {q: (list(h), list(h.values())) for q, h in hits_by_query(results).items()}
+    parts["scoring"] += time.perf_counter() - t
+    t = time.perf_counter()
     query_run.commit(lines, dict(zip(todo, programs)), hits, index_version)
+    parts["commits"] += time.perf_counter() - t
     state.last_line = chunk[-1].line
     state.scored += len(todo)
     state.rejected += len(lines) - len(todo)
