@@ -90,8 +90,6 @@ def _score_chunk(retriever, query_run, state, chunk: list, index_version: int, e
     chunk's rows; `expansion` adds up the proposer's counters, `parts` the seconds of each part."""
     from dataclasses import replace
 
-    from sira.core.retriever import hits_by_query
-
     lines = []
     for q in chunk:
         if q.error is None and q.qid in state.seen:
@@ -107,10 +105,9 @@ def _score_chunk(retriever, query_run, state, chunk: list, index_version: int, e
     parts["expansion"] += time.perf_counter() - t
     t = time.perf_counter()
     programs, results = retriever.run(todo, proposals=proposals, on_batch=lambda qids, *_: advance(len(qids)))
-    hits = {q: (list(h), list(h.values())) for q, h in hits_by_query(results).items()}
     parts["scoring"] += time.perf_counter() - t
     t = time.perf_counter()
-    query_run.commit(lines, dict(zip(todo, programs)), hits, index_version)
+    query_run.commit(lines, dict(zip(todo, programs)), results, index_version)
     parts["commits"] += time.perf_counter() - t
     state.last_line = chunk[-1].line
     state.scored += len(todo)

@@ -11,6 +11,8 @@ id from the string at query time. Collisions are checked at index time (the term
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import mmh3
 import numpy as np
 
@@ -49,6 +51,7 @@ def _combine(left: int, right: int) -> int:
     return z ^ (z >> 31)
 
 
+@lru_cache(maxsize=1 << 17)  # queries repeat their terms: a bulk run hashes each once (about 20 MB when full)
 def term_id(term: str) -> int:
     """Signed 64-bit id of an index term (a unigram, or an n-gram of unigrams joined by NGRAM_SEPARATOR)."""
     if NGRAM_SEPARATOR not in term:

@@ -12,13 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sira.core.defaults import QUERY_BATCH, SEARCH_K
 from sira.core.program import DEFAULT_W, RetrievalProgram
 from sira.core.proposers import Proposal, TermProposer
+from sira.core.bm25 import as_doc_id_array
 from sira.core.query_path import QueryPath, Ranked
+from sira.core.search import RankedBatch
 
 QUERIES_SCHEMA = pa.schema([("qid", pa.string()), ("query", pa.string())])
 # `program`: the query's retrieval program as JSON, dictionary-encoded (stored once per query, not once per hit).
@@ -91,14 +94,20 @@ class Retriever:
 
 def results_table(qids: Sequence[str], programs: Sequence[RetrievalProgram], ranked: Sequence[Ranked]) -> pa.Table:
     """RESULTS_SCHEMA rows of ranked queries: rank 1 is each query's best hit."""
-    counts = [len(ids) for ids, _ in ranked]
-    which = pa.array([i for i, n in enumerate(counts) for _ in range(n)], pa.int32())
+    if not isinstance(ranked, RankedBatch):  # a Scorer that answers query by query
+        ranked = RankedBatch(pa.concat_arrays([as_doc_id_array(ids) for ids, _ in ranked])
+                             if len(ranked) else pa.array([], pa.large_string()),
+                             np.concatenate([np.asarray(s, np.float64) for _, s in ranked]) if len(ranked) else
+                             np.empty(0), np.concatenate([[0], np.cumsum([len(s) for _, s in ranked])]).astype(np.int64))
+    counts = ranked.counts()
+    which = pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts))
+    starts = np.repeat(ranked.offsets[:-1], counts)
     program = pa.DictionaryArray.from_arrays(which, pa.array([p.model_dump_json() for p in programs], pa.string()))
     return pa.table({
         "qid": pc.take(pa.array(list(qids), pa.string()), which),
-        "rank": pa.array([r for n in counts for r in range(1, n + 1)], pa.int32()),
-        "doc_id": pa.concat_arrays([ids.cast(pa.string()) for ids, _ in ranked] or [pa.array([], pa.string())]),
-        "score": pa.array([float(s) for _, scores in ranked for s in scores], pa.float64()),
+        "rank": pa.array(np.arange(len(starts), dtype=np.int64) - starts + 1, pa.int32()),
+        "doc_id": ranked.doc_ids.cast(pa.string()),
+        "score": pa.array(np.asarray(ranked.scores, np.float64), pa.float64()),
         "program": program,
     }, schema=RESULTS_SCHEMA)
 

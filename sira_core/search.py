@@ -12,6 +12,7 @@ arrays only when asked for); `Hit` objects are made only for hits that are print
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -107,16 +108,58 @@ def _take(arrays: Sequence[pa.Array], which: np.ndarray, positions: np.ndarray) 
     return pa.concat_arrays(parts).take(pa.array(back))
 
 
-def merge_ranked(ranked_lists: Sequence[tuple[pa.Array, np.ndarray]], k: int) -> tuple[pa.Array, np.ndarray]:
-    """Merge per-shard rankings (doc ids, scores; each sorted by score desc, doc id asc) into the global
-    top-k (doc ids, scores), exactly as one shard holding every document would rank them."""
-    ids = [as_doc_id_array(doc_ids) for doc_ids, _ in ranked_lists]
-    shard, ords, scores, counts = merge_top_k(
-        [np.asarray(s, dtype=np.float64).reshape(1, -1) for _, s in ranked_lists],
-        [np.arange(len(i), dtype=np.int32).reshape(1, -1) for i in ids],
-        [np.array([len(i)]) for i in ids], [doc_id_buffers(i) for i in ids], k)
-    n = counts[0]
-    return _take(ids, shard[0, :n], ords[0, :n]), scores[0, :n]
+class RankedBatch(SequenceABC):
+    """The hits of a batch of queries as flat columns: `doc_ids` (Arrow) and `scores` (float64) of every hit, query
+    after query and best first within each, and `offsets` [queries + 1] (query i's hits are offsets[i]:offsets[i+1]).
+    Also a sequence of one (doc ids, scores) pair per query (zero-copy slices), what a Scorer returns."""
+
+    def __init__(self, doc_ids: pa.Array, scores: np.ndarray, offsets: np.ndarray):
+        self.doc_ids, self.scores, self.offsets = doc_ids, scores, offsets
+
+    @classmethod
+    def of_grid(cls, doc_ids: pa.Array, scores: np.ndarray, counts: np.ndarray) -> "RankedBatch":
+        """From a [queries, k] score grid whose row i holds counts[i] hits, and the hits' doc ids in that order."""
+        keep = np.arange(scores.shape[1]) < np.asarray(counts)[:, None]
+        return cls(doc_ids, scores[keep], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.doc_ids.slice(lo, hi - lo), self.scores[lo:hi]
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+def merged_batch(arrays: Sequence[pa.Array], merged: tuple[np.ndarray, ...]) -> RankedBatch:
+    """A RankedBatch from merge_top_k's (shard [q, k], ords [q, k], scores [q, k], counts [q]), the doc ids taken
+    from arrays[shard][ord] in one pass over the whole batch."""
+    shard_pos, ords, scores, counts = merged
+    keep = np.arange(shard_pos.shape[1]) < counts[:, None]
+    return RankedBatch(_take(arrays, shard_pos[keep], ords[keep]), scores[keep],
+                       np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+
+def merge_batches(batches: Sequence[RankedBatch], k: int) -> RankedBatch:
+    """Merge per-shard batches (each query's hits sorted by score desc, doc id asc) into the global top-k of each
+    query, exactly as one shard holding every document would rank them: one merge and one doc-id gather for the
+    whole batch."""
+    ids = [as_doc_id_array(b.doc_ids) for b in batches]
+    width = max(1, max(int(b.counts().max(initial=0)) for b in batches))
+    grids = []
+    for b in batches:  # each shard's hits as a [q, width] grid: positions into its flat doc ids, and scores
+        counts = b.counts()
+        keep = np.arange(width) < counts[:, None]
+        pos, sc = np.zeros(keep.shape, np.int32), np.zeros(keep.shape, np.float64)
+        pos[keep], sc[keep] = np.arange(len(b.scores), dtype=np.int32), b.scores
+        grids.append((sc, pos, counts))
+    merged = merge_top_k([g[0] for g in grids], [g[1] for g in grids], [g[2] for g in grids],
+                         [doc_id_buffers(i) for i in ids], k)
+    return merged_batch(ids, merged)
 
 
 class Searcher:
@@ -148,11 +191,13 @@ class Searcher:
         exclude_doc_ids: Sequence[Iterable[str]] | None = None,
         constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
         scorer: str = "auto",
-    ) -> list[Ranking]:
+        as_rankings: bool = True,
+    ) -> list[Ranking] | RankedBatch:
         """Rank a batch of queries (texts, query parts or compiled queries); each shard scores the batch in
         one compiled call. `constraints[i]` = (must terms, exclude terms): index terms a hit must / must not
         hold. `exclude_doc_ids[i]`: doc ids query i never returns (the k hits are filled without them).
-        `scorer`: "auto", "pruned" or "exhaustive" (sira.core.bm25), all with the same results."""
+        `scorer`: "auto", "pruned" or "exhaustive" (sira.core.bm25), all with the same results. `as_rankings`
+        False: one RankedBatch for the whole batch instead (its doc ids gathered at once)."""
         compiled = [self.compile(q) for q in queries]
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints] \
             if constraints is not None else None
@@ -167,13 +212,14 @@ class Searcher:
                                  [(shard.doc_id_offsets, shard.doc_id_data) for shard in self.shards], k)
         shard_pos, ords, scores, counts = merged
         return [Ranking(scores[q, : counts[q]], shard_pos[q, : counts[q]], ords[q, : counts[q]], self.shards)
-                for q in range(len(compiled))]
+                for q in range(len(compiled))] if as_rankings else merged_batch([s.doc_ids for s in self.shards],
+                                                                                merged)
 
     def retrieve(self, queries: Sequence[WeightedQuery], k: int,
                  constraints: Sequence[tuple[Sequence[str], Sequence[str]]] | None = None,
                  exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[tuple[pa.Array, np.ndarray]]:
-        """The Scorer of sira.core.query_path: each query's (doc ids, scores)."""
-        return [(r.doc_ids, r.scores) for r in self.rank_many(queries, k, exclude_doc_ids, constraints)]
+        """The Scorer of sira.core.query_path: each query's (doc ids, scores), as one RankedBatch."""
+        return self.rank_many(queries, k, exclude_doc_ids, constraints, as_rankings=False)
 
     def contributions(self, query: WeightedQuery, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
         """doc id -> per-term contributions to `query`, for those of `doc_ids` the shards hold."""

@@ -201,20 +201,26 @@ class QueryRun:
                              "resume it on its own version or start a new run id")
         return state
 
-    def commit(self, lines: Sequence[QueryLine], programs: dict, hits: dict[str, tuple[list, list]],
-               index_version: int) -> None:
-        """One chunk's rows in one append: each line in order, scored (`programs` and `hits` by qid) or rejected.
-        An append, not a MERGE: a MERGE reads the table it merges into, so each commit cost more as the run grew;
-        the rows are new by construction (the lines after the last committed one)."""
-        now, rows = datetime.now(timezone.utc), []
-        for q in lines:
-            program = programs[q.qid].model_dump_json() if q.error is None else ""
-            doc_ids, scores = hits.get(q.qid, ([], [])) if q.error is None else ([], [])
-            rows.append({"run_id": self.run_id, "line": q.line, "qid": q.qid,
-                         "query": q.text[:tables.RAW_KEEP_CHARS] if q.error else q.text, "program": program,
-                         "program_id": program_id(program) if program else "", "doc_ids": doc_ids,
-                         "scores": scores, "index_version": index_version, "error": q.error, "created_at": now})
-        write_table(self.uri, pa.Table.from_pylist(rows, schema=tables.RUNS_SCHEMA))
+    def commit(self, lines: Sequence[QueryLine], programs: dict, results: pa.Table, index_version: int) -> None:
+        """One chunk's rows in one append: each line in order, scored (`programs` by qid; `results`, the
+        Retriever's table, its hits grouped by query in line order) or rejected. An append, not a MERGE: a MERGE
+        reads the table it merges into, so each commit cost more as the run grew; the rows are new by construction
+        (the lines after the last committed one)."""
+        hits = pc.value_counts(results["qid"])
+        per_qid = dict(zip(hits.field("values").to_pylist(), hits.field("counts").to_pylist()))
+        counts = [per_qid.get(q.qid, 0) if q.error is None else 0 for q in lines]
+        offsets = pa.array(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32))
+        program = [programs[q.qid].model_dump_json() if q.error is None else "" for q in lines]
+        n = len(lines)
+        write_table(self.uri, pa.table({
+            "run_id": [self.run_id] * n, "line": [q.line for q in lines], "qid": [q.qid for q in lines],
+            "query": [q.text[:tables.RAW_KEEP_CHARS] if q.error else q.text for q in lines], "program": program,
+            "program_id": [program_id(p) if p else "" for p in program],
+            "doc_ids": pa.ListArray.from_arrays(offsets, results["doc_id"].combine_chunks().cast(pa.string())),
+            "scores": pa.ListArray.from_arrays(offsets, results["score"].combine_chunks().cast(pa.float32())),
+            "index_version": [index_version] * n, "error": [q.error for q in lines],
+            "created_at": [datetime.now(timezone.utc)] * n,
+        }, schema=tables.RUNS_SCHEMA))
 
     def write_outputs(self, trec: Path, parquet: Path | None, tag: str) -> dict:
         """The run's TREC file (`qid Q0 doc rank score tag`) and Parquet run, in line order, each written to a

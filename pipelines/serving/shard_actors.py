@@ -1,12 +1,13 @@
 """Shards held by Ray actors and queried scatter-gather: each actor scores a batch of compiled queries on
 its shard (memory-mapped from the local shard cache, so actors of one machine share its pages); ShardActors
-sends the batch to every actor and merges their per-shard top-k columns (sira.core.search.merge_ranked), so it
+sends the batch to every actor and merges their per-shard top-k batches (sira.core.search.merge_batches), so it
 ranks exactly like the in-process Searcher. Both are the Scorer of sira.core.query_path."""
 
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import ray
 
@@ -15,7 +16,7 @@ from sira.pipelines.serving.shard_loader import load_shard
 from sira.core.bm25 import WeightedQuery
 from sira.core.hashing import term_id
 from sira.core.query_path import Constraint, Ranked
-from sira.core.search import merge_ranked
+from sira.core.search import RankedBatch, merge_batches
 
 
 @ray.remote(num_cpus=0.25, max_concurrency=4)  # fractional: on small machines whole-CPU actors starve the rest
@@ -54,14 +55,14 @@ class ShardActor:
         return self._shard(version).num_docs
 
     def top_k(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
-              exclude_doc_ids: Sequence[Iterable[str]] | None = None, version: int | None = None) -> list[Ranked]:
-        """[(doc ids (Arrow), scores (float64))] per query, best first, on this shard alone."""
+              exclude_doc_ids: Sequence[Iterable[str]] | None = None, version: int | None = None) -> RankedBatch:
+        """Each query's hits on this shard alone, best first, as one batch (its doc ids taken at once)."""
         shard = self._shard(version)
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints or ()]
         skip = [shard.ords_of(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else None
         ords, scores, counts = shard.top_k_many(queries, k, ids or None, skip)
-        return [(shard.doc_ids.take(pa.array(ords[i, : counts[i]])), scores[i, : counts[i]])
-                for i in range(len(queries))]
+        keep = np.arange(ords.shape[1]) < np.asarray(counts)[:, None]
+        return RankedBatch.of_grid(shard.doc_ids.take(pa.array(ords[keep])), scores, counts)
 
     def contributions(self, query: WeightedQuery, doc_ids: Sequence[str], version: int | None = None
                       ) -> dict[str, dict[str, float]]:
@@ -99,7 +100,7 @@ class ShardActors:
                  exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[Ranked]:
         per_shard = ray.get([a.top_k.remote(queries, k, constraints, exclude_doc_ids, self.version)
                              for a in self.actors])
-        return [merge_ranked([shard[i] for shard in per_shard], k) for i in range(len(queries))]
+        return merge_batches(per_shard, k)
 
     def contributions(self, query: WeightedQuery, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
         per_shard = ray.get([a.contributions.remote(query, doc_ids, self.version) for a in self.actors])
