@@ -134,3 +134,22 @@ def test_a_retriever_refuses_queries_without_an_id_or_a_text(path):
         Retriever(path)(pa.table({"id": ["1"], "text": ["x"]}))
     with pytest.raises(ValueError, match="query 'q2': a query needs an id and a text"):
         Retriever(path)({"q1": "heart", "q2": "  "})
+
+
+def test_a_batch_ranks_each_query_as_it_would_alone_and_per_shard_batches_merge_to_it():
+    """Scorers answer a batch as one RankedBatch (flat doc ids and scores, per-query offsets): equal to ranking each
+    query alone, and the merge of each shard's own batch (what shard actors send) equals the whole searcher's."""
+    from sira.core.search import RankedBatch, Searcher, merge_batches
+
+    whole = path_over(3).scorer
+    queries = [whole.compile(q) for q in ("aspirin", "statins heart", "aspirin statins stroke", "nothing here")]
+    for k in (1, 2, 10):
+        batch = whole.retrieve(queries, k)
+        assert isinstance(batch, RankedBatch) and len(batch) == len(queries)
+        alone = [whole.rank_many([q], k)[0] for q in queries]
+        assert [(ids.to_pylist(), s.tolist()) for ids, s in batch] == \
+            [(r.doc_ids.to_pylist(), r.scores.tolist()) for r in alone]
+        per_shard = [Searcher([shard], whole.stats, whole.analyzer).retrieve(queries, k) for shard in whole.shards]
+        merged = merge_batches(per_shard, k)
+        assert merged.doc_ids.to_pylist() == batch.doc_ids.to_pylist() and merged.scores.tolist() == \
+            batch.scores.tolist() and merged.offsets.tolist() == batch.offsets.tolist()

@@ -64,6 +64,11 @@ class ShardActor:
         keep = np.arange(ords.shape[1]) < np.asarray(counts)[:, None]
         return RankedBatch.of_grid(shard.doc_ids.take(pa.array(ords[keep])), scores, counts)
 
+    def top_k_of(self, batch: tuple, k: int, version: int | None = None) -> RankedBatch:
+        """top_k of a (queries, constraints, exclude_doc_ids) batch put in the object store once for every actor."""
+        queries, constraints, exclude_doc_ids = batch
+        return self.top_k(queries, k, constraints, exclude_doc_ids, version)
+
     def contributions(self, query: WeightedQuery, doc_ids: Sequence[str], version: int | None = None
                       ) -> dict[str, dict[str, float]]:
         """Per-term contributions (ShardIndex.contributions) of those of `doc_ids` this shard holds."""
@@ -98,8 +103,9 @@ class ShardActors:
 
     def retrieve(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
                  exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[Ranked]:
-        per_shard = ray.get([a.top_k.remote(queries, k, constraints, exclude_doc_ids, self.version)
-                             for a in self.actors])
+        # The batch goes to the object store once, not pickled again for every actor.
+        batch = ray.put((list(queries), constraints, exclude_doc_ids))
+        per_shard = ray.get([a.top_k_of.remote(batch, k, self.version) for a in self.actors])
         return merge_batches(per_shard, k)
 
     def contributions(self, query: WeightedQuery, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
