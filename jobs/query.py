@@ -45,7 +45,6 @@ class QueryConfig(ExpansionParams):
 
 
 def run(cfg: QueryConfig) -> dict:
-    from sira.pipelines.enrichment.ray_enrich import init_ray
     from sira.pipelines.index.catalog import find_index
     from sira.pipelines.serving.query_runs import QueryRun, iter_queries
 
@@ -57,7 +56,6 @@ def run(cfg: QueryConfig) -> dict:
                 f"scored and {state.rejected} lines rejected before; index v{manifest['index_version']}, expansion "
                 f"{'on' if cfg.expand else 'off'})")
     started, before = time.perf_counter(), (state.scored, state.rejected)
-    init_ray(cfg.ray_address)
     retriever, expansion, parts = _retriever(cfg, manifest), {}, dict.fromkeys(("expansion", "scoring", "commits"), 0.0)
     lines = iter_queries(cfg.queries, after=state.last_line)
     with progress_bar("score queries", total=None, unit="queries") as advance:
@@ -74,9 +72,11 @@ def run(cfg: QueryConfig) -> dict:
 
 
 def _retriever(cfg: QueryConfig, manifest: dict):
-    """The shard actors, and the cached expansion dataflow in front of them when expanding."""
+    """The shard actors (on the job's Ray), and the cached expansion dataflow in front of them when expanding."""
+    from sira.pipelines.enrichment.ray_enrich import init_ray
     from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
 
+    init_ray(cfg.ray_address)
     proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address) \
         if cfg.expand else None
     retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer="actors", proposer=proposer, tau=cfg.tau,

@@ -134,3 +134,28 @@ def test_a_backend_config_is_read_without_the_llm_stages():
              "print('sira.pipelines.enrichment.llm_backends' in sys.modules)")
     loaded = subprocess.run([sys.executable, "-c", check], cwd=REPO, check=True, capture_output=True, text=True)
     assert loaded.stdout.strip() == "False"
+
+
+# Entry points a reader follows first: the CLI's search, query and eval, the jobs they call and the server's search.
+ENTRY_POINTS = {"jobs/cli.py": ("search", "query", "eval_"), "jobs/query.py": ("run",), "jobs/eval.py": ("run",),
+                "pipelines/serving/serve.py": ("_search",)}
+
+
+def test_files_and_functions_stay_short_enough_to_hold_in_mind():
+    """No module over 600 lines, no function over 80 (numba kernels too), no entry point's body over 25."""
+    long_files, long_functions, long_entries = [], [], []
+    for path in modules().values():
+        source = path.read_text("utf-8")
+        rel = path.relative_to(REPO).as_posix()
+        if source.count("\n") > 600:
+            long_files.append(rel)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > 80:
+                    long_functions.append(f"{rel}:{node.name}")
+                if node.name in ENTRY_POINTS.get(rel, ()):
+                    body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
+                        node.body[0].value, ast.Constant) else node.body
+                    if body[-1].end_lineno - body[0].lineno + 1 > 25:
+                        long_entries.append(f"{rel}:{node.name}")
+    assert (long_files, long_functions, long_entries) == ([], [], [])
