@@ -3,6 +3,7 @@ same doc ordinals, the same scores bit for bit, the same order among ties, with 
 terms, skipped documents, floors from other shards, one shard or several."""
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from sira.core import bm25
@@ -10,7 +11,7 @@ from sira.core.analysis import AnalyzerConfig
 from sira.core.bm25 import CorpusStats, ShardIndex, WeightedQuery
 from sira.core.memory_index import build_searcher
 from sira.core.presets import BM25Params, IndexPreset
-from sira.core.search import QueryPart, merge_ranked
+from sira.core.search import QueryPart, RankedBatch, merge_batches
 
 PLAIN = IndexPreset(name="plain", analyzer=AnalyzerConfig(stopwords="none", stemmer="none", max_n=1),
                     bm25=BM25Params(k1=1.2, b=0.75))
@@ -198,11 +199,15 @@ def test_a_doc_scoring_exactly_the_floor_of_other_shards_is_returned():
         assert ords[0, : counts[0]].tolist() == [0, 40]  # below another shard's k-th best: not needed
 
 
-def test_merge_ranked_breaks_cross_shard_ties_by_doc_id():
-    # The Ray actors' path: per-shard (doc ids, scores), each sorted by (score desc, doc id asc).
-    doc_ids, scores = merge_ranked([(["b", "d", "f"], np.array([3.0, 2.0, 2.0])),
-                                    (["a", "c", "e"], np.array([2.0, 2.0, 1.0]))], 4)
-    assert doc_ids.to_pylist() == ["b", "a", "c", "d"] and scores.tolist() == [3.0, 2.0, 2.0, 2.0]
+def test_merging_shard_batches_breaks_cross_shard_ties_by_doc_id():
+    # The Ray actors' path: each shard's batch of hits, every query's sorted by (score desc, doc id asc).
+    def batch(ids, scores, counts):
+        return RankedBatch(pa.array(ids, pa.large_string()), np.array(scores), np.concatenate([[0], np.cumsum(counts)]))
+
+    merged = merge_batches([batch(["b", "d", "f", "x"], [3.0, 2.0, 2.0, 1.0], [3, 1]),
+                            batch(["a", "c", "e"], [2.0, 2.0, 1.0], [3, 0])], 4)
+    assert [(ids.to_pylist(), scores.tolist()) for ids, scores in merged] == [
+        (["b", "a", "c", "d"], [3.0, 2.0, 2.0, 2.0]), (["x"], [1.0])]
 
 
 def test_doc_ids_out_of_order_are_refused():
