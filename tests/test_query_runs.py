@@ -130,7 +130,7 @@ def test_a_run_stopped_between_commits_resumes_to_an_uninterrupted_one(warehouse
     run_query(reference, queries, tmp_path / "reference.trec")
     assert (tmp_path / "stopped.trec").read_text() == (tmp_path / "reference.trec").read_text()
     assert pq.read_table(tmp_path / "stopped.parquet").equals(pq.read_table(tmp_path / "reference.parquet"))
-    with pytest.raises(ValueError, match="scored on index v2, not v1"):
+    with pytest.raises(ValueError, match=r"scored on index v[2-9], not v1"):  # the newest when the run began
         run_query(warehouse, queries, tmp_path / "mixed.trec", index_version=1)
 
 
