@@ -158,12 +158,14 @@ def _worker(args: list[str], log: Path) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def bm25s_runs(args, work: Path, queries: Path, logs: Path) -> dict:
+def bm25s_runs(args, work: Path, queries: Path, logs: Path, runs: bool = True) -> dict:
     from bench.searcher_scale import analyse_corpus, corpus_folder, worker_bm25s_build
 
     folder = corpus_folder(work, args.docs, args.seed, "sira")
     analyse_corpus(folder, args.docs, args.seed, "sira")
     build = worker_bm25s_build(folder, work, "sira")
+    if not runs:
+        return build
     runs = {}
     for k in args.k:
         for kind in KINDS:
@@ -177,6 +179,9 @@ def measure(args) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     wh, built = build_warehouse(work, args.docs, args.seed, logs)
     queries = make_queries(work / f"queries-{args.queries}-s{args.seed}.jsonl", args.queries, args.seed)
+    if args.prepare_only:  # the corpus, warehouse, queries and bm25s's index, built ahead of a timed run
+        return {"warehouse_build": built, "bm25s_build": None if args.skip_bm25s else bm25s_runs(args, work, queries,
+                                                                                               logs, runs=False)}
     runs = {}
     with instant_openai.start(max_seconds=6 * 3600) as server:
         for k in args.k:
@@ -221,6 +226,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/sira-bulk-query"))
     ap.add_argument("--skip-bm25s", action="store_true")
+    ap.add_argument("--prepare-only", action="store_true", help="build what the timed runs read, then stop")
     ap.add_argument("--output-json", type=Path)
     args = ap.parse_args(argv)
     report = measure(args)
