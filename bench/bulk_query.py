@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -121,12 +122,12 @@ def searcher_worker(wh: str, queries: str) -> None:
 
 def bm25s_worker(folder: str, work: str, queries: str, k: int, kind: str, out: str) -> None:
     """bm25s end to end: load the saved index, read and analyse the queries, retrieve with 2 threads, write TREC."""
+    # Not bench.query_speed or bench.searcher_scale: importing them pins numba to one thread (their benches are
+    # single-threaded), and bm25s is run here as its users run it, on both cores.
     import bm25s
     from bm25s.tokenization import Tokenized
 
     from bench.synthetic_corpus import doc_id_of
-    from bench.query_speed import rss_bytes_now
-    from bench.searcher_scale import EMPTY_QUERY_TERM, bm25s_dir
     from sira.pipelines.serving.query_runs import iter_queries
     from sira.core.analysis import Analyzer
     from sira.core.presets import get_preset
@@ -136,25 +137,29 @@ def bm25s_worker(folder: str, work: str, queries: str, k: int, kind: str, out: s
     toy.retrieve([[0]], k=1, n_threads=2, show_progress=False)  # its compile, paid before the clock starts
     doc_ids = [doc_id_of(n) for n in range(json.loads((Path(folder) / "complete.json").read_text())["num_docs"])]
     started = time.perf_counter()
-    model = bm25s.BM25.load(str(bm25s_dir(Path(work), Path(folder))), load_corpus=False)
+    model = bm25s.BM25.load(str(Path(work) / f"bm25s-{Path(folder).name}"), load_corpus=False)  # searcher_scale's
     analyzer, vocab = Analyzer(get_preset("sira").analyzer), model.vocab_dict
     extra = [t for phrase in instant_openai.KEYWORDS for t in analyzer.terms(phrase)] if kind == "expanded" else []
     qids, ids = [], []
     for q in iter_queries(queries):
         qids.append(q.qid)
-        ids.append([vocab[t] for t in analyzer.terms(q.text) + extra if t in vocab] or [vocab[EMPTY_QUERY_TERM]])
+        ids.append([vocab[t] for t in analyzer.terms(q.text) + extra if t in vocab] or [vocab["\x00empty"]])  # query_speed.EMPTY_QUERY_TERM
     docs, scores = model.retrieve(ids, k=k, n_threads=2, show_progress=False)
     with open(out, "w", encoding="utf-8") as fh:
         for qid, row, row_scores in zip(qids, docs, scores):
             fh.writelines(f"{qid} Q0 {doc_ids[d]} {r} {s:.6f} bm25s\n"
                           for r, (d, s) in enumerate(zip(row.tolist(), row_scores.tolist()), 1) if s > 0)
-    print(json.dumps({"seconds": time.perf_counter() - started, "rss_bytes": rss_bytes_now()}))
+    with open("/proc/self/statm") as fh:
+        rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    print(json.dumps({"seconds": time.perf_counter() - started, "rss_bytes": rss}))
 
 
 def _worker(args: list[str], log: Path) -> dict:
+    # Without the one-thread pins the single-threaded benches' modules leave in this process's environment.
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
     with open(log, "w") as err:
         out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], cwd=REPO_ROOT, check=True,
-                             stdout=subprocess.PIPE, stderr=err, text=True).stdout
+                             stdout=subprocess.PIPE, stderr=err, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

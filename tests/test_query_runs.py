@@ -156,3 +156,15 @@ def test_hits_table_ranks_each_querys_hits_from_one():
         {"qid": "a", "doc_id": "y", "rank": 2, "score": 1.0, "program_id": "p"},
         {"qid": "c", "doc_id": "z", "rank": 1, "score": 0.5, "program_id": "r"}]
     assert QueryLine(1, "a", "t").error is None
+
+
+def test_trec_lines_write_scores_as_python_does():
+    import numpy as np
+    import pyarrow as pa
+
+    scores = np.array([0.0, 5e-7, 1.5e-6, 2.5e-7, 1.5, 213.22705, 123456.78, 1e-5 / 3], np.float32)
+    hits = pa.table({"qid": ["q"] * len(scores), "doc_id": [f"d{i}" for i in range(len(scores))],
+                     "rank": pa.array(range(1, len(scores) + 1), pa.int32()), "score": pa.array(scores),
+                     "program_id": ["p"] * len(scores)}, schema=query_runs.PARQUET_RUN_SCHEMA)
+    assert query_runs.trec_lines(hits.slice(1), "t").decode() == "".join(
+        f"q Q0 d{i} {i + 1} {float(s):.6f} t\n" for i, s in enumerate(scores) if i >= 1)

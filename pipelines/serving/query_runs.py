@@ -233,16 +233,15 @@ class QueryRun:
         tmp_parquet = parquet.with_name(parquet.name + ".part") if parquet is not None else None
         writer = pq.ParquetWriter(tmp_parquet, PARQUET_RUN_SCHEMA) if tmp_parquet is not None else None
         try:
-            with open(tmp_trec, "w", encoding="utf-8") as out:
+            with pa.OSFile(str(tmp_trec), "wb") as out:
                 for t in self.rows(["qid", "doc_ids", "scores", "program_id", "error"]):
                     ok = t.filter(pc.is_null(t["error"]))
                     counts["scored"] += ok.num_rows
                     counts["rejected"] += t.num_rows - ok.num_rows
                     hits = _hits_table(ok)
                     counts["hits"] += hits.num_rows
-                    out.writelines(f"{q} Q0 {d} {r} {s:.6f} {tag}\n" for q, d, r, s in zip(
-                        hits["qid"].to_pylist(), hits["doc_id"].to_pylist(), hits["rank"].to_pylist(),
-                        hits["score"].to_pylist()))
+                    if hits.num_rows:
+                        out.write(trec_lines(hits, tag))
                     if writer is not None:
                         writer.write_table(hits)
         finally:
@@ -252,6 +251,24 @@ class QueryRun:
         if tmp_parquet is not None:
             os.replace(tmp_parquet, parquet)
         return counts
+
+
+def trec_lines(hits: pa.Table, tag: str) -> bytes:
+    """`qid Q0 doc_id rank score tag` lines of a hits table (PARQUET_RUN_SCHEMA), the score with six decimals
+    exactly as Python's "%.6f" writes it, built column-wise (20M hits: no Python object per hit). A float32 score
+    times 10^6 is exact in float64 (24 + 20 significant bits), so rounding it half to even is the decimal rounding
+    "%.6f" does."""
+    micro = np.rint(hits["score"].to_numpy().astype(np.float64) * 1e6).astype(np.int64)
+    whole, frac = pa.array(micro // 1_000_000), pa.array(micro % 1_000_000)
+    score = pc.binary_join_element_wise(pc.cast(whole, pa.string()),
+                                        pc.utf8_lpad(pc.cast(frac, pa.string()), 6, "0"), ".")
+    line = pc.binary_join_element_wise(hits["qid"], "Q0", hits["doc_id"], pc.cast(hits["rank"], pa.string()), score,
+                                       tag + "\n", " ")
+    out = []
+    for chunk in line.chunks if isinstance(line, pa.ChunkedArray) else [line]:
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32)[chunk.offset:chunk.offset + len(chunk) + 1]
+        out.append(memoryview(chunk.buffers()[2])[offsets[0]:offsets[-1]])  # the lines, back to back
+    return b"".join(out)
 
 
 def _hits_table(rows: pa.Table) -> pa.Table:
