@@ -158,7 +158,7 @@ def _print_hits(program, manifest: dict, hits: list[tuple[str, float]], contribu
 @app.command()
 @config_options(query_job.QueryConfig, ("warehouse", "queries", "out", "parquet", "run_id", "k", "expand", *PROPOSER,
                                         "task", "w", "tau", "index_version", "preset", "batch_size", "commit_every",
-                                        "ray_address"))
+                                        "scorer", "ray_address"))
 def query(ctx: typer.Context, values: dict, verbose: bool = Verbose, output_json: Optional[Path] = OutputJson):
     """Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run."""
     cfg = query_job.QueryConfig(**values)

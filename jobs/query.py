@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from itertools import islice
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
@@ -37,6 +38,10 @@ class QueryConfig(ExpansionParams):
     batch_size: int = Field(QUERY_BATCH, gt=0, description="queries per scoring round")
     commit_every: int = Field(QUERY_COMMIT_LINES, gt=0, description="query-file lines per chunk: expanded together "
                                                                     "and committed to the runs table at once")
+    scorer: Literal["actors", "local"] = Field(
+        "actors", description="actors: the shards held by Ray actors, scored scatter-gather (any number of nodes); "
+                              "local: the shards memory-mapped in this process, one thread (no Ray for plain "
+                              "queries; faster at k <= 100 on one machine, bench/results/scoring_threads_200k.json)")
     ray_address: str | None = None
 
     @property
@@ -72,14 +77,16 @@ def run(cfg: QueryConfig) -> dict:
 
 
 def _retriever(cfg: QueryConfig, manifest: dict):
-    """The shard actors (on the job's Ray), and the cached expansion dataflow in front of them when expanding."""
+    """The scorer (shard actors on the job's Ray, or the shards in this process) and the cached expansion dataflow
+    in front of it when expanding."""
     from sira.pipelines.enrichment.ray_enrich import init_ray
     from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
 
-    init_ray(cfg.ray_address)
+    if cfg.scorer == "actors" or cfg.expand:  # the expansion dataflow runs on Ray too
+        init_ray(cfg.ray_address)
     proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address) \
         if cfg.expand else None
-    retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer="actors", proposer=proposer, tau=cfg.tau,
+    retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer=cfg.scorer, proposer=proposer, tau=cfg.tau,
                                   w=cfg.w, k=cfg.k, batch_size=cfg.batch_size)
     return retriever
 

@@ -168,3 +168,13 @@ def test_trec_lines_write_scores_as_python_does():
                      "program_id": ["p"] * len(scores)}, schema=query_runs.PARQUET_RUN_SCHEMA)
     assert query_runs.trec_lines(hits.slice(1), "t").decode() == "".join(
         f"q Q0 d{i} {i + 1} {float(s):.6f} t\n" for i, s in enumerate(scores) if i >= 1)
+
+
+def test_the_in_process_scorer_writes_the_runs_the_actors_write(warehouse, tiny_warehouse, tmp_path):
+    queries = write_queries(tmp_path / "q.jsonl.gz", LINES)
+    run_query(warehouse, queries, tmp_path / "actors.trec")
+    local = str(shutil.copytree(tiny_warehouse, tmp_path / "local"))
+    summary = run_query(local, queries, tmp_path / "local.trec", scorer="local")
+    assert (summary["scored"], summary["rejected"]) == (5, 5)
+    assert (tmp_path / "local.trec").read_text() == (tmp_path / "actors.trec").read_text()
+    assert pq.read_table(tmp_path / "local.parquet").equals(pq.read_table(tmp_path / "actors.parquet"))
