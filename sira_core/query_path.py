@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
-import numpy as np
-import pyarrow as pa
 
 from sira.core.analysis import Analyzer
 from sira.core.bm25 import WeightedQuery
@@ -19,9 +17,8 @@ from sira.core.defaults import DEFAULT_TAU
 from sira.core.dfstats import DFTable
 from sira.core.program import DEFAULT_W, RetrievalProgram, expansion_program
 from sira.core.proposers import Proposal
-from sira.core.search import compile_query
+from sira.core.search import RankedBatch, compile_query
 
-Ranked = tuple[pa.Array, np.ndarray]  # one query's doc ids and scores, best first
 Constraint = tuple[Sequence[str], Sequence[str]]  # (index terms a hit must hold, index terms it must not hold)
 
 
@@ -29,7 +26,7 @@ class Scorer(Protocol):
     """All shards of one index version, scored with its corpus-wide statistics."""
 
     def retrieve(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
-                 exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[Ranked]:
+                 exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> RankedBatch:
         """Each query's top k over all shards, by (score desc, doc id asc); `exclude_doc_ids[i]`: doc ids query i
         never returns (its k hits are filled without them)."""
         ...
@@ -67,7 +64,7 @@ class QueryPath:
                 for q, p in zip(queries, proposals)]
 
     def rank(self, programs: Sequence[RetrievalProgram], k: int,
-             exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[Ranked]:
+             exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> RankedBatch:
         """Each program as one weighted BM25 call, the batch in one call of the scorer."""
         return self.scorer.retrieve([compile_query(p.parts()) for p in programs], k,
                                     [(p.must, p.exclude) for p in programs], exclude_doc_ids)

@@ -19,8 +19,7 @@ import pyarrow.compute as pc
 from sira.core.defaults import QUERY_BATCH, SEARCH_K
 from sira.core.program import DEFAULT_W, RetrievalProgram
 from sira.core.proposers import Proposal, TermProposer
-from sira.core.bm25 import as_doc_id_array
-from sira.core.query_path import QueryPath, Ranked
+from sira.core.query_path import QueryPath
 from sira.core.search import RankedBatch
 
 QUERIES_SCHEMA = pa.schema([("qid", pa.string()), ("query", pa.string())])
@@ -92,13 +91,8 @@ class Retriever:
         return self.path.contributions(program, doc_ids)
 
 
-def results_table(qids: Sequence[str], programs: Sequence[RetrievalProgram], ranked: Sequence[Ranked]) -> pa.Table:
+def results_table(qids: Sequence[str], programs: Sequence[RetrievalProgram], ranked: RankedBatch) -> pa.Table:
     """RESULTS_SCHEMA rows of ranked queries: rank 1 is each query's best hit."""
-    if not isinstance(ranked, RankedBatch):  # a Scorer that answers query by query
-        ranked = RankedBatch(pa.concat_arrays([as_doc_id_array(ids) for ids, _ in ranked])
-                             if len(ranked) else pa.array([], pa.large_string()),
-                             np.concatenate([np.asarray(s, np.float64) for _, s in ranked]) if len(ranked) else
-                             np.empty(0), np.concatenate([[0], np.cumsum([len(s) for _, s in ranked])]).astype(np.int64))
     counts = ranked.counts()
     which = pa.array(np.repeat(np.arange(len(counts), dtype=np.int32), counts))
     starts = np.repeat(ranked.offsets[:-1], counts)

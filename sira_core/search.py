@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -117,10 +117,12 @@ class RankedBatch(SequenceABC):
         self.doc_ids, self.scores, self.offsets = doc_ids, scores, offsets
 
     @classmethod
-    def of_grid(cls, doc_ids: pa.Array, scores: np.ndarray, counts: np.ndarray) -> "RankedBatch":
-        """From a [queries, k] score grid whose row i holds counts[i] hits, and the hits' doc ids in that order."""
-        keep = np.arange(scores.shape[1]) < np.asarray(counts)[:, None]
-        return cls(doc_ids, scores[keep], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+    def of_grid(cls, doc_ids_of: Callable[[np.ndarray], pa.Array], ords: np.ndarray, scores: np.ndarray,
+                counts: np.ndarray) -> "RankedBatch":
+        """From [queries, k] grids of hits (row i holds counts[i] of them, best first); `doc_ids_of` turns the kept
+        ords, row after row, into doc ids."""
+        keep = np.arange(ords.shape[1]) < np.asarray(counts)[:, None]
+        return cls(doc_ids_of(ords[keep]), scores[keep], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -140,8 +142,7 @@ def merged_batch(arrays: Sequence[pa.Array], merged: tuple[np.ndarray, ...]) -> 
     from arrays[shard][ord] in one pass over the whole batch."""
     shard_pos, ords, scores, counts = merged
     keep = np.arange(shard_pos.shape[1]) < counts[:, None]
-    return RankedBatch(_take(arrays, shard_pos[keep], ords[keep]), scores[keep],
-                       np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+    return RankedBatch.of_grid(lambda kept_ords: _take(arrays, shard_pos[keep], kept_ords), ords, scores, counts)
 
 
 def merge_batches(batches: Sequence[RankedBatch], k: int) -> RankedBatch:

@@ -187,12 +187,12 @@ class QueryRun:
         state, scored_on = Resumed(index_version=index_version), set()
         for t in self.rows(["line", "qid", "index_version", "error"]):
             state.last_line = max(state.last_line, t["line"][-1].as_py()) if t.num_rows else state.last_line
-            ok = pc.is_null(t["error"])
-            state.scored += pc.sum(ok.cast(pa.int64())).as_py() or 0
-            state.rejected += t.num_rows - (pc.sum(ok.cast(pa.int64())).as_py() or 0)
-            for qid in t.filter(ok)["qid"].to_pylist():
+            scored = t.filter(pc.is_null(t["error"]))
+            state.scored += scored.num_rows
+            state.rejected += t.num_rows - scored.num_rows
+            for qid in scored["qid"].to_pylist():
                 state.seen.add(qid)
-            scored_on |= set(t.filter(ok)["index_version"].to_pylist())
+            scored_on |= set(scored["index_version"].to_pylist())
         if index_version is None and scored_on:
             state.index_version = max(scored_on)
         elif scored_on - {index_version}:

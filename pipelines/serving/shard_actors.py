@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-import numpy as np
 import pyarrow as pa
 import ray
 
@@ -15,7 +14,7 @@ from sira.pipelines.serving.shard_cache import cached_shard
 from sira.pipelines.serving.shard_loader import load_shard
 from sira.core.bm25 import WeightedQuery
 from sira.core.hashing import term_id
-from sira.core.query_path import Constraint, Ranked
+from sira.core.query_path import Constraint
 from sira.core.search import RankedBatch, merge_batches
 
 
@@ -61,8 +60,7 @@ class ShardActor:
         ids = [([term_id(t) for t in must], [term_id(t) for t in exclude]) for must, exclude in constraints or ()]
         skip = [shard.ords_of(e) for e in exclude_doc_ids] if exclude_doc_ids is not None else None
         ords, scores, counts = shard.top_k_many(queries, k, ids or None, skip)
-        keep = np.arange(ords.shape[1]) < np.asarray(counts)[:, None]
-        return RankedBatch.of_grid(shard.doc_ids.take(pa.array(ords[keep])), scores, counts)
+        return RankedBatch.of_grid(lambda kept: shard.doc_ids.take(pa.array(kept)), ords, scores, counts)
 
     def top_k_of(self, batch: tuple, k: int, version: int | None = None) -> RankedBatch:
         """top_k of a (queries, constraints, exclude_doc_ids) batch put in the object store once for every actor."""
@@ -102,7 +100,7 @@ class ShardActors:
         self.version = version
 
     def retrieve(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
-                 exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> list[Ranked]:
+                 exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> RankedBatch:
         # The batch goes to the object store once, not pickled again for every actor.
         batch = ray.put((list(queries), constraints, exclude_doc_ids))
         per_shard = ray.get([a.top_k_of.remote(batch, k, self.version) for a in self.actors])
