@@ -15,6 +15,7 @@ chunks, a published index) is found and not redone. One MLflow parent run per ni
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Callable
 
 from pydantic import ConfigDict, Field
@@ -76,17 +77,13 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
     tracker = Tracker(cfg.tracking, defer=True)  # MLflow loads once ingest is done (below)
     started = time.perf_counter()
     stages = Stages(lambda name: console.rule(f"[bold]nightly: {name}"), on_step)
-
-    def step(name: str, fn: Callable[[], dict], metrics: Callable[[dict], dict]) -> dict:
-        with tracker.run(name, nested=True, tags={"sira.job": "nightly", "sira.step": name}):
-            out = stages.run(name, fn)
-            tracker.metrics({**metrics(out), "seconds": stages.seconds[name]})
-        return out
+    step = partial(stages.tracked, tracker, tags={"sira.job": "nightly"})
 
     with tracker.run(f"nightly {cfg.warehouse}", params=cfg,
                      tags={"sira.job": "nightly", "sira.warehouse": cfg.warehouse}) as parent:
         ingest = step("ingest", lambda: ingest_job.run(IngestConfig(
-            source=cfg.source, warehouse=cfg.warehouse, mode="merge", max_delete_fraction=cfg.max_delete_fraction, task=cfg.task)),
+            source=cfg.source, warehouse=cfg.warehouse, mode="merge", max_delete_fraction=cfg.max_delete_fraction,
+            task=cfg.task)),
             lambda s: {**s["changes"], "read": s["read"], "rejected": s["rejected"]})
         tracker.connect()  # from here the driver's Python mostly waits on the JVM: MLflow loads beside it
         changes = ingest["changes"]
@@ -129,16 +126,7 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
         total = time.perf_counter() - started
         tracker.metrics({"seconds": total, "index_version": manifest["index_version"],
                          **{f"ingested.{k}": v for k, v in changes.items()}, "enriched": enrich["enriched"]})
-    return {
-        "ingested": changes,
-        "enriched": enrich["enriched"],
-        "index_version": manifest["index_version"],
-        "rejected": ingest["rejected"],
-        "enrichment_errors": enrich["errors"],
-        "docs_table_version": docs_version,
-        "expired_versions": retention["expired_versions"],
-        "kept_versions": retention["kept_versions"],
-        "step_seconds": stages.seconds,
-        "seconds": total,
-        "mlflow_run_id": parent.id,
-    }
+    return {"ingested": changes, "enriched": enrich["enriched"], "index_version": manifest["index_version"],
+            "rejected": ingest["rejected"], "enrichment_errors": enrich["errors"], "docs_table_version": docs_version,
+            "expired_versions": retention["expired_versions"], "kept_versions": retention["kept_versions"],
+            "step_seconds": stages.seconds, "seconds": total, "mlflow_run_id": parent.id}

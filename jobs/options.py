@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from sira.pipelines.tracking.console import engine_log_path, engine_logs
-from sira.core.defaults import DEFAULT_OPENAI_BASE_URL, default_warehouse
+from sira.core.defaults import default_warehouse
 
 # Option names that are not --FIELD-NAME (a field path: "backend.model" is BackendConfig's model inside a job's).
 OPTION_NAMES: dict[str, tuple[str, ...]] = {
@@ -25,6 +25,7 @@ OPTION_NAMES: dict[str, tuple[str, ...]] = {
     "dataset": ("--dataset", "-d"),
     "k": ("-k",),
     "w": ("--expansion-weight",),
+    "grid": ("--param",),
     "retry_errors": ("--retry-errors/--keep-errors",),
     "tracking.enabled": ("--tracking/--no-tracking",),
     "backend.structured_output": ("--structured-output/--free-output",),
@@ -33,8 +34,19 @@ OPTION_NAMES: dict[str, tuple[str, ...]] = {
     "backend.encoder.proposals": ("--proposals",),
     "backend.encoder.entries": ("--entries",),
     "doc_backend.backend": ("--doc-backend",),
+    "rerank.backend.backend": ("--rerank-backend",),
+    "rerank.backend": ("--rerank-backend",),
+    "rerank.backend.model": ("--rerank-model",),
+    "rerank.depth": ("--rerank-depth",),
 }
+# Help for a field whose own description is another's (the judge's backend is a BackendConfig, whose says proposer).
+OPTION_HELP = {"rerank.backend.backend": "sira+rerank: the LLM judge, openai | local",
+               "rerank.backend.model": "sira+rerank: the judge's model (default: --model when --rerank-backend is "
+                                       "--backend; local: the packaged one)"}
 ENV_VARS = {"warehouse": "SIRA_WAREHOUSE"}
+# The sira+rerank variant's judge (no --rerank-backend: no reranker).
+RERANK, RERANK_DEFAULTS = ("rerank.backend.backend", "rerank.backend.model", "rerank.depth"), \
+    {"rerank.backend.backend": None}
 # The proposer settings a command that expands queries takes (the encoder's knobs and the LLM's endpoint).
 PROPOSER = ("backend.backend", "backend.model", "backend.base_url", "backend.encoder.proposals",
             "backend.encoder.entries")
@@ -45,11 +57,6 @@ Verbose = typer.Option(False, "--verbose", "-v", help="show the engines' own log
                                                       "console instead of in WAREHOUSE/logs/")
 Warehouse = typer.Option(..., *OPTION_NAMES["warehouse"], envvar=ENV_VARS["warehouse"],
                          help="warehouse directory or URI")
-BaseUrlOption = typer.Option(DEFAULT_OPENAI_BASE_URL, "--base-url", help="openai: the endpoint's /v1 URL")
-RerankBackend = typer.Option(None, "--rerank-backend", help="sira+rerank: the LLM judge, openai | local")
-RerankModel = typer.Option(None, "--rerank-model", help="sira+rerank: the judge's model (default: --model when "
-                                                         "--rerank-backend is --backend; local: the packaged one)")
-RerankDepth = typer.Option(None, "--rerank-depth", help="sira+rerank: first-stage hits judged per query")
 ProposalTable = typer.Option("enrichment", "--table", help="enrichment (corpus side) | expansions (query side)")
 
 
@@ -98,12 +105,10 @@ def _option(path: str, model: type[BaseModel], default_override: dict,
     if path in default_override:
         default = default_override[path]
         kind = kind if default is not None or typing.get_origin(kind) is typing.Union else Optional[kind]
-    names = OPTION_NAMES.get(path) or OPTION_NAMES.get(path.rsplit(".", 1)[-1]) or ()
-    if not names:
-        flag = "--" + path.rsplit(".", 1)[-1].replace("_", "-")
-        names = (f"{flag}/--no-{flag[2:]}",) if bool in (kind, *typing.get_args(kind)) else (flag,)
+    names = _names(path, kind)
     said = choices and all(c in (info.description or "") for c in choices.split(" | "))
-    help_text = " ".join(filter(None, (info.description, f"({choices})" if choices and not said else "")))
+    help_text = OPTION_HELP.get(path) or " ".join(filter(None, (info.description,
+                                                                f"({choices})" if choices and not said else "")))
     convert = _converter(info.annotation, names[0])
     if argument:
         option = typer.Argument(default, help=help_text or None, show_default=False)
@@ -114,6 +119,36 @@ def _option(path: str, model: type[BaseModel], default_override: dict,
     # The parameter is named after its option (--doc-backend: doc_backend), as click names it.
     name = names[0].split("/")[0].lstrip("-").replace("-", "_")
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind), convert
+
+
+def _names(path: str, kind) -> tuple[str, ...]:
+    names = OPTION_NAMES.get(path) or OPTION_NAMES.get(path.rsplit(".", 1)[-1]) or ()
+    if not names:
+        flag = "--" + path.rsplit(".", 1)[-1].replace("_", "-")
+        names = (f"{flag}/--no-{flag[2:]}",) if bool in (kind, *typing.get_args(kind)) else (flag,)
+    return names
+
+
+def command_line(name: str, cfg: BaseModel, fields: Sequence[str], defaults: dict | None = None) -> str:
+    """The command line that makes `cfg`: `name`, then the options among `fields` (with the command's `defaults`,
+    as given to `config_options`) whose value is not the default."""
+    parts = [name]
+    for path in fields:
+        info, default = _field(type(cfg), path)
+        default = (defaults or {}).get(path, default)
+        value = cfg
+        for attr in path.split("."):
+            value = getattr(value, attr, None)  # None: an optional nested config that is not there
+        if value == default:
+            continue
+        flag = _names(path, _cli_type(info.annotation)[0])[0]
+        if "/" in flag:  # --x/--no-x
+            parts.append(flag.split("/")[0 if value else 1])
+        elif isinstance(value, dict):
+            parts += [f"{flag} {k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in value.items()]
+        else:
+            parts.append(f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}")
+    return " ".join(parts)
 
 
 def _converter(annotation, option: str) -> Callable:
@@ -231,22 +266,6 @@ def with_doc_backend(values: dict) -> dict:
     """--doc-backend NAME: the corpus side's proposer, with the query side's other settings (model, endpoint)."""
     if values.get("doc_backend") is not None:
         values["doc_backend"] = {**values["backend"], "backend": values["doc_backend"]["backend"]}
-    return values
-
-
-def with_reranker(values: dict, backend: str | None, model: str | None, depth: int | None) -> dict:
-    """The sira+rerank reranker from --rerank-*; none without --rerank-backend. Its model defaults to --model when
-    the judge runs on the proposer's backend."""
-    if backend is None:
-        return values
-    from sira.pipelines.enrichment.rerank import judge_backend
-
-    proposer = values["backend"]
-    model = model or (proposer.get("model") if backend == proposer["backend"] else None)
-    if backend == "openai" and model is None:
-        raise ValueError("--rerank-backend openai needs --rerank-model (the endpoint's model id)")
-    values["rerank"] = {"backend": judge_backend(backend, model, proposer.get("base_url", DEFAULT_OPENAI_BASE_URL)),
-                        **({"depth": depth} if depth is not None else {})}
     return values
 
 

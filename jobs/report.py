@@ -7,16 +7,7 @@ children (one per variant) supply the metrics, the command (tag sira.command) an
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from sira.pipelines.tracking.tracking import TrackingConfig
-
-class ReportConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    output_dir: str = Field("reports", description="report.md and the PNG plots go here")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    datasets: list[str] | None = Field(None, description="default: every dataset with a `sira run`")
+from sira.pipelines.tracking.report import ReportConfig
 
 
 def run(cfg: ReportConfig) -> dict:

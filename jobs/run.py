@@ -8,7 +8,6 @@ single call, and the comparison table says so.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -17,33 +16,27 @@ from pydantic import ConfigDict, Field, model_validator
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import eval as eval_job
+from sira.jobs.options import PROPOSER, RERANK, RERANK_DEFAULTS, TRACKING
 from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
 from sira.pipelines.enrichment.backend_config import BackendConfig
-from sira.pipelines.enrichment.rerank import RerankConfig
+from sira.pipelines.enrichment.rerank import RerankConfig, judge_beside_proposer
 from sira.pipelines.tracking.stages import Stages
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
-from sira.core.defaults import EvaluationParams, default_warehouse
-from sira.core.variants import (RERANK_VARIANT, SINGLE_CALL_VARIANTS, VariantName, needs_enriched_index,
-                                 needs_expanded_queries)
+from sira.core.defaults import DATASET_HELP, EvaluationParams, default_warehouse
+from sira.core.variants import RERANK_VARIANT, SINGLE_CALL_VARIANTS, VariantName, needs_enriched_index
 
 
-# Rough rates measured on the 2-core reference machine, used only for the up-front time estimate.
-_SECONDS_PER_INDEX_BUILD = 75.0
-# encoder: one actor per core on scifact's 5,183 docs and its 100,419 vocabulary entries.
-_DOCS_PER_SECOND = {"encoder": 9.5, "local": 0.25, "openai": 5.0, "vllm": 50.0}
-_VOCABULARY_ENTRIES_PER_SECOND = 450.0
-_VOCABULARY_ENTRIES_PER_DOC = 20  # scifact's bigram vocabulary: 100,419 entries for 5,183 docs
-# local: 10 scifact judgments by the packaged Gemma 3 270M on a busy machine; openai: the enrichment guess.
-_JUDGMENTS_PER_SECOND = {"local": 0.12, "openai": 5.0}
-# Query expansions per second (scifact-length queries); local: measured on scifact test, 2 cores, 2 engines.
-_QUERIES_PER_SECOND = {"encoder": 20.0, "local": 0.5, "openai": 5.0, "vllm": 50.0}
+# `sira run`'s options: the RunConfig fields it takes, and its own defaults (no --doc-backend: the query side's).
+OPTIONS = ("dataset", "warehouse", "preset", "split", "variants", *PROPOSER, "doc_backend.backend", "tau", "w", "depth",
+           "shards", "spark_master", "tracking.enabled", *TRACKING, *RERANK)
+OPTION_DEFAULTS = {"doc_backend.backend": None, **RERANK_DEFAULTS}
 
 
 class RunConfig(EvaluationParams):
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = Field("beir:scifact", description="beir:NAME or a folder in BEIR format")
+    dataset: str = Field("beir:scifact", description=DATASET_HELP)
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
     split: str = "test"
     variants: list[VariantName] = Field(default_factory=lambda: list(SINGLE_CALL_VARIANTS))
@@ -54,6 +47,8 @@ class RunConfig(EvaluationParams):
     rerank: RerankConfig | None = Field(None, description="the LLM reranker of the sira+rerank variant (only when "
                                                           "that variant is named)")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    _judge = model_validator(mode="before")(judge_beside_proposer)
 
     @model_validator(mode="after")
     def _rerank_only_when_asked(self) -> "RunConfig":
@@ -77,100 +72,18 @@ class RunConfig(EvaluationParams):
 
     def command(self) -> str:
         """The command line that reproduces this run (options left at their defaults are omitted)."""
-        parts = ["sira run", f"--dataset {self.dataset}"]
-        default = RunConfig()
-        for name, flag in (("warehouse", "--warehouse"), ("preset", "--preset"), ("split", "--split"),
-                           ("tau", "--tau"), ("w", "--expansion-weight"), ("shards", "--shards")):
-            if getattr(self, name) != getattr(default, name):
-                parts.append(f"{flag} {getattr(self, name)}")
-        if self.variants != default.variants:
-            parts.append("--variants " + ",".join(self.variants))
-        if self.backend != default.backend:
-            parts.append(f"--backend {self.backend.backend}")
-            if self.backend.model:
-                parts.append(f"--model {self.backend.model}")
-        if self.doc_backend is not None:
-            parts.append(f"--doc-backend {self.doc_backend.backend}")
-        if self.rerank is not None:
-            parts.append(f"--rerank-backend {self.rerank.backend.backend}")
-            if self.rerank.backend.model:
-                parts.append(f"--rerank-model {self.rerank.backend.model}")
-            if self.rerank.depth != RerankConfig().depth:
-                parts.append(f"--rerank-depth {self.rerank.depth}")
-        return " ".join(parts)
+        from sira.jobs.options import command_line
 
-
-def plan(cfg: RunConfig, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
-    """The stages this invocation will run (work already in the warehouse is skipped) and a rough duration."""
-    from sira.pipelines.index.freshness import fresh_index
-    from sira.pipelines.storage.delta_io import table_version
-    from sira.pipelines.enrichment.ray_enrich import docs_to_enrich
-    from sira.core import tables
-    from sira.core.enrichment import load_template, task_for_dataset
-
-    stages, seconds = [], 10.0
-    docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
-    if docs_version is None:
-        stages.append(f"ingest {cfg.dataset}")
-        seconds += 15
-    if docs_version is None or fresh_index(warehouse, cfg.preset, docs_version)[0] is None:
-        stages.append("index (plain)")
-        seconds += _SECONDS_PER_INDEX_BUILD
-    if cfg.enriched:
-        backend = cfg.corpus_backend
-        version = backend.proposal_version(load_template("doc", cfg.task or task_for_dataset(dataset_name)).version)
-        if docs_version is None:
-            todo = _corpus_size(cfg.dataset)
-        else:
-            todo = docs_to_enrich(warehouse, backend.model_id(), version)[0].num_rows
-        if todo:
-            stages.append(f"enrich {todo} documents ({backend.backend})")
-            seconds += todo / _DOCS_PER_SECOND.get(backend.backend, 1.0)
-            if backend.backend == "encoder":
-                seconds += todo * _VOCABULARY_ENTRIES_PER_DOC / _VOCABULARY_ENTRIES_PER_SECOND  # a first vocabulary
-        if todo or fresh_index(warehouse, cfg.preset, docs_version, cfg.tau, backend.model_id(), version)[0] is None:
-            stages.append("index (enriched)")
-            seconds += _SECONDS_PER_INDEX_BUILD
-    if needs_expanded_queries(cfg.variants):
-        todo = _queries_to_expand(cfg, dataset_name, warehouse)
-        if todo:
-            stages.append(f"expand {todo} queries ({cfg.backend.backend})")
-            seconds += todo / _QUERIES_PER_SECOND.get(cfg.backend.backend, 1.0)
-    if cfg.rerank is not None:
-        from sira.core.datasets import resolve_dataset
-
-        judgments = len(resolve_dataset(cfg.dataset).queries(cfg.split)) * cfg.rerank.depth
-        stages.append(f"rerank: up to {judgments} judgments ({cfg.rerank.backend.backend})")
-        seconds += judgments / _JUDGMENTS_PER_SECOND[cfg.rerank.backend.backend]
-    stages.append("evaluate " + ", ".join(cfg.variants))
-    seconds += 15 * len(cfg.variants)
-    return stages, seconds
-
-
-def _queries_to_expand(cfg: RunConfig, dataset_name: str, warehouse: str) -> int:
-    """Queries of the split whose expansion is not cached yet (for this query-side proposer and prompt)."""
-    from sira.pipelines.enrichment.expansion_cache import cached_expansions, query_hash
-    from sira.core.datasets import DatasetNotFound, resolve_dataset
-    from sira.core.enrichment import load_template, task_for_dataset
-
-    try:
-        texts = {query_hash(text) for text in resolve_dataset(cfg.dataset).queries(cfg.split).values()}
-    except (DatasetNotFound, ValueError):
-        return 0  # a bad split is reported by the stage that evaluates it, under its name; this is an estimate
-    template = load_template("query", cfg.task or task_for_dataset(dataset_name))
-    cached = cached_expansions(warehouse, cfg.backend.model_id(), cfg.backend.proposal_version(template.version))
-    return len(texts - set(cached))
-
-
-def _corpus_size(spec: str) -> int:
-    from sira.core.datasets import iter_lines, resolve_dataset
-
-    return sum(1 for _ in iter_lines(resolve_dataset(spec).corpus_path))
+        # The dataset always: a report lists these lines by dataset.
+        return command_line(f"sira run --dataset {self.dataset}", self, OPTIONS[1:], OPTION_DEFAULTS)
 
 
 def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
+    from sira.pipelines.enrichment.corpus_enrichment import enrichment_sample
     from sira.pipelines.index.freshness import ensure_index, fresh_or_build
+    from sira.pipelines.tracking.evaluation import track_evaluation
     from sira.pipelines.tracking.report import comparison_markdown
+    from sira.pipelines.tracking.run_plan import plan
     from sira.core.datasets import resolve_dataset
 
     dataset = resolve_dataset(cfg.dataset)
@@ -199,7 +112,7 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
             tracker.metrics({k: enrich_summary[k] for k in ("documents", "enriched", "skipped", "errors",
                                                             "input_tokens", "output_tokens", "seconds",
                                                             "docs_per_second")}, prefix="enrich.")
-            tracker.json_artifact(_enrichment_sample(warehouse, enrich_summary), "enrichment_sample.json")
+            tracker.json_artifact(enrichment_sample(warehouse, enrich_summary), "enrichment_sample.json")
             indexes[True] = stage("index (enriched)", lambda: fresh_or_build(
                 warehouse, cfg.preset, cfg.shards, cfg.spark_master, plain["docs_table_version"], cfg.tau,
                 enrich_summary["model"], enrich_summary["prompt_version"], log=console.log))
@@ -212,20 +125,7 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
             with tracker.run(f"{dataset.name}/{variant}", params=ecfg, nested=True,
                              tags={"sira.dataset": dataset.name, "sira.variant": variant}) as child:
                 summary = stage(f"evaluate {variant}", lambda: eval_job.run(ecfg, indexes[ecfg.enriched]))
-                tracker.metrics(summary["metrics"])
-                tracker.metrics({"queries_per_second": summary.get("queries_per_second")})
-                if summary.get("expansion"):
-                    exp = summary["expansion"]
-                    tracker.metrics({k: exp.get(k) for k in ("expanded", "cached", "errors", "input_tokens",
-                                                             "output_tokens", "phrases_proposed", "phrases_kept")},
-                                    prefix="expansion.")
-                if summary.get("rerank"):
-                    rr = summary["rerank"]
-                    tracker.metrics({k: rr.get(k) for k in ("judged", "cached", "errors", "input_tokens",
-                                                            "output_tokens", "seconds", "judgments_per_second")},
-                                    prefix="rerank.")
-                tracker.artifact(summary["run_file"], "runs")
-                tracker.artifact(summary["programs_file"], "programs")
+                track_evaluation(tracker, summary)
                 results[variant] = {**summary, "mlflow_run_id": child.id}
         report = comparison_markdown(dataset.name, cfg.split, results)
         seconds = time.perf_counter() - started
@@ -237,15 +137,3 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
     Path(warehouse).mkdir(parents=True, exist_ok=True)
     (Path(warehouse) / f"run-{dataset.name}-{cfg.split}.md").write_text(report, encoding="utf-8")
     return out
-
-
-def _enrichment_sample(warehouse: str, summary: dict, n: int = 50) -> list[dict]:
-    import pyarrow.compute as pc
-
-    from sira.pipelines.storage.delta_io import read_table
-    from sira.core import tables
-
-    t = read_table(tables.table_uri(warehouse, tables.ENRICHMENT))
-    t = t.select([c for c in ("doc_id", "model", "prompt_version", "phrases", "weights", "error") if c in t.schema.names])
-    t = t.filter(pc.and_(pc.equal(t["model"], summary["model"]), pc.equal(t["prompt_version"], summary["prompt_version"])))
-    return json.loads(json.dumps(t.sort_by("doc_id").slice(0, n).to_pylist(), default=str))

@@ -28,11 +28,22 @@ class SweepConfig(IndexBuildParams):
     split: Literal["train", "dev"] = Field(description="the split the setting is selected on (never test)")
     test_split: str = "test"
     variant: SingleCallVariant = Field(SIRA_VARIANT, description=help_text(SINGLE_CALL_VARIANTS))
-    grid: dict[str, list[float]] = Field(description="tau, w and n (the n-gram order): values to try")
+    grid: dict[str, list[float]] = Field(description="NAME=V1,V2 for tau, w or n (the n-gram order): the values to "
+                                                     "try; repeatable")
     metric: str = "ndcg@10"
     backend: BackendConfig = Field(default_factory=BackendConfig)
     doc_backend: BackendConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _numbers(cls, grid: dict) -> dict:
+        """--param NAME=V1,V2 gives the values as one text (NAME=V: one number)."""
+        try:
+            return {name: [float(v) for v in str(values).split(",") if v.strip()]
+                    if isinstance(values, (str, int, float)) else values for name, values in grid.items()}
+        except ValueError:
+            raise ValueError(f"values must be numbers: {grid}") from None
 
     @field_validator("grid")
     @classmethod
@@ -46,17 +57,6 @@ class SweepConfig(IndexBuildParams):
             if n not in (1, 2, 3, 4):
                 raise ValueError(f"n-gram order must be 1..4, got {n}")
         return grid
-
-
-def parse_param(text: str) -> tuple[str, list[float]]:
-    """`tau=0.02,0.05` -> ("tau", [0.02, 0.05])."""
-    name, sep, values = text.partition("=")
-    if not sep or not values:
-        raise ValueError(f"--param {text!r}: expected NAME=V1,V2,...")
-    try:
-        return name.strip(), [float(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--param {text!r}: values must be numbers") from None
 
 
 def points(grid: dict[str, list[float]]) -> list[dict[str, float]]:

@@ -28,6 +28,10 @@ DEFAULT_PRESET = "sira"
 PRESET_HELP = "index preset: sira (the paper's analysis, bigrams) | pyserini-flat (Pyserini's BEIR flat baseline)"
 # Hits `sira search` shows.
 SEARCH_K = 10
+# Where a dataset comes from (ingest, eval, run, compare).
+DATASET_HELP = "beir:NAME or a folder in BEIR format"
+# Random sign swaps of the paired randomization test (`sira compare`, the compare page).
+PAIRED_PERMUTATIONS = 10_000
 # Queries per scoring round.
 QUERY_BATCH = 256
 # Query-file lines per `sira query` chunk: expanded together, then appended to the runs table in one commit (the

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 from ranx import Qrels, Run, evaluate
 
-from sira.core.defaults import SEARCH_K
+from sira.core.defaults import PAIRED_PERMUTATIONS, SEARCH_K
 
 DEFAULT_METRICS = ("ndcg@10", "recall@10", "recall@100")
 
@@ -85,7 +85,7 @@ def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
 
 
 def paired_comparison(qrels: Mapping[str, Mapping[str, int]], base: RunDict, run: RunDict, metric: str = "ndcg@10",
-                      permutations: int = 10_000, seed: int = 0) -> dict:
+                      permutations: int = PAIRED_PERMUTATIONS, seed: int = 0) -> dict:
     """`run` against `base` on the judged queries: both means, their difference, the two-sided paired
     randomization test's p, per-query wins / losses / ties and each query's two scores (`per_query`). A judged query
     missing from a run scores 0 there, as in evaluate_run.

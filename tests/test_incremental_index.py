@@ -18,6 +18,7 @@ from sira.pipelines.serving.hit_details import version_injections
 from sira.pipelines.enrichment.ray_enrich import commit
 from sira.pipelines.serving import shard_loader
 from sira.pipelines.index.catalog import find_index
+from sira.pipelines.index.config import SegmentPolicy
 from sira.pipelines.serving.shard_loader import load_searcher, read_term_stats
 from sira.core import tables
 from sira.core.hashing import term_id
@@ -49,7 +50,10 @@ def enrich(wh: str) -> None:
 
 
 def build(wh: str, spark, **kw) -> dict:
-    return index_job.run(index_job.IndexConfig(**{"warehouse": wh, "preset": "sira", "shards": 2, **kw}), spark=spark)
+    """`sira index` with IndexConfig's fields, and SegmentPolicy's (max_segments, ...) by name."""
+    policy = {name: kw.pop(name) for name in list(kw) if name in SegmentPolicy.model_fields}
+    return index_job.run(index_job.IndexConfig(**{"warehouse": wh, "preset": "sira", "shards": 2, "segments": policy,
+                                                  **kw}), spark=spark)
 
 
 def assert_same_index(wh: str, reference: str, enriched: bool) -> None:
@@ -455,7 +459,6 @@ def test_the_change_feed_nets_several_nights_into_what_came_and_went(tmp_path, s
 
 
 def test_the_segment_policy_merges_nothing_within_it_then_the_small_segments_then_every_segment():
-    from sira.pipelines.index.context import SegmentPolicy
     from sira.pipelines.index.segments import _segments_to_merge
 
     policy = SegmentPolicy(max_segments=16, max_dead_fraction=0.25, merge_below_fraction=0.1)

@@ -99,3 +99,19 @@ def log_failures(summary: dict, log: Callable[[str], None], retried_by: str) -> 
     if summary["errors"]:
         log(f"[yellow]enrichment: {summary['errors']} documents failed; they are indexed without enrichment and "
             f"retried by {retried_by}[/yellow]")
+
+
+def enrichment_sample(warehouse: str, summary: dict, n: int = 50) -> list[dict]:
+    """The first `n` documents' proposals of the enrichment `summary` reports (its model and prompt version), for a
+    reader of the tracked run."""
+    import json
+
+    import pyarrow.compute as pc
+
+    from sira.pipelines.storage.delta_io import read_table
+    from sira.core import tables
+
+    t = read_table(tables.table_uri(warehouse, tables.ENRICHMENT))
+    t = t.select([c for c in ("doc_id", "model", "prompt_version", "phrases", "weights", "error") if c in t.schema.names])
+    t = t.filter(pc.and_(pc.equal(t["model"], summary["model"]), pc.equal(t["prompt_version"], summary["prompt_version"])))
+    return json.loads(json.dumps(t.sort_by("doc_id").slice(0, n).to_pylist(), default=str))

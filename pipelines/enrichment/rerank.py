@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sira.pipelines.storage.delta_io import merge_rows, read_table, table_exists
-from sira.pipelines.enrichment.backend_config import BackendConfig
+from sira.pipelines.enrichment.backend_config import DEFAULT_PROPOSER, BackendConfig
 from sira.pipelines.enrichment.llm_backends import OpenAIClient, openai_request
 from sira.pipelines.enrichment.expansion_cache import query_hash
 from sira.core import tables
@@ -56,9 +56,17 @@ class RerankConfig(BaseModel):
                                                        "order below them")
     commit_every: int = Field(256, gt=0, description="judgments per Delta commit")
 
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _judge_defaults(cls, backend):
+        """A judge given by its fields (--rerank-backend, --rerank-model) gets a judge's sampling settings."""
+        return judge_backend(**backend) if isinstance(backend, dict) else backend
+
     @field_validator("backend")
     @classmethod
     def _can_judge(cls, backend: BackendConfig) -> BackendConfig:
+        if backend.backend == "openai" and backend.model is None:
+            raise ValueError("an openai judge needs the endpoint's model id: --rerank-model")
         if backend.backend == "encoder":
             raise ValueError("the encoder backend cannot rerank (it proposes vocabulary, it does not judge "
                              "relevance): use --rerank-backend local or openai")
@@ -66,6 +74,21 @@ class RerankConfig(BaseModel):
             raise ValueError("rerank with vLLM through its OpenAI-compatible server: `vllm serve MODEL`, then "
                              "--rerank-backend openai --base-url http://HOST:8000/v1 --rerank-model MODEL")
         return backend
+
+
+def judge_beside_proposer(values):
+    """A config's `rerank` given by its fields, judging on the backend of the config's query-side proposer: the judge
+    takes the proposer's endpoint, and its model unless given one (a before-validator of the configs that hold both)."""
+    rerank = values.get("rerank") if isinstance(values, dict) else None
+    if not isinstance(rerank, dict) or not isinstance(rerank.get("backend"), dict):
+        return values
+    proposer = values.get("backend") or {}
+    proposer = proposer.model_dump() if isinstance(proposer, BaseModel) else proposer
+    judge = dict(rerank["backend"])
+    if judge.get("backend") == proposer.get("backend", DEFAULT_PROPOSER) and judge.get("model") is None:
+        judge["model"] = proposer.get("model")
+    judge.setdefault("base_url", proposer.get("base_url", DEFAULT_OPENAI_BASE_URL))
+    return {**values, "rerank": {**rerank, "backend": judge}}
 
 
 def cached_judgments(warehouse: str, model: str, prompt_version: str,

@@ -20,6 +20,7 @@ from sira.core import tables
 from sira.core.defaults import DEFAULT_TAU
 from sira.core.hashing import TERM_ID_SCHEME
 from sira.core.presets import IndexPreset
+from sira.pipelines.index.config import SegmentPolicy  # noqa: F401 (the build steps take it from here)
 from sira.pipelines.storage.delta_io import table_version
 
 
@@ -60,22 +61,6 @@ class EnrichmentChoice:
     tau: float = DEFAULT_TAU
     model: str | None = None
     prompt_version: str | None = None
-
-
-@dataclass(frozen=True)
-class SegmentPolicy:
-    """How many segments and dead documents a version may hold before a build merges segments into its new one."""
-
-    max_segments: int = 16
-    # Tombstoned documents / documents in the version's segments; past it (with the small segments merged), every
-    # segment merges.
-    max_dead_fraction: float = 0.25
-    # Past max_segments, the base's segments holding fewer live documents than this share of the version's merge
-    # into the new segment (a night's segments, not the big one a full build wrote).
-    merge_below_fraction: float = 0.1
-    # A version's term_stats: some version's whole statistics and at most this many - 1 builds' changes (readers sum
-    # them, sira.core.tables.TERM_STATS_SCHEMA); past that a build writes its statistics whole.
-    max_term_stats_versions: int = 8
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`sira query`'s rows in the Delta runs table, and the query files it streams.
+"""`sira query`'s config (QueryConfig), its rows in the Delta runs table, and the query files it streams.
 
 A run reads its query file line by line (`iter_queries`), in chunks of bounded size; each chunk's rows, the scored
 queries (program, ranked hits, index version) and the rejected lines (with their reason), are appended in one
@@ -12,14 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import ConfigDict, Field
+
+from sira.core.defaults import DEFAULT_DEPTH, DEPTH_HELP, QUERY_BATCH, QUERY_COMMIT_LINES, ExpansionParams
+from sira.pipelines.enrichment.backend_config import BackendConfig
 
 from sira.pipelines.storage.delta_io import open_data_file, table_exists, write_table
 from sira.core import tables
@@ -34,6 +39,36 @@ PARQUET_RUN_SCHEMA = pa.schema([
     pa.field("score", pa.float32(), nullable=False),
     pa.field("program_id", pa.string(), nullable=False),
 ])
+
+
+class QueryConfig(ExpansionParams):
+    model_config = ConfigDict(extra="forbid")
+
+    warehouse: str
+    queries: str = Field(description="queries.jsonl[.gz] ({_id, text}), a TSV (qid<TAB>text) or a Delta table (qid, query)")
+    out: Path = Field(description="TREC run file to write")
+    parquet: Path | None = Field(None, description="Parquet run to write (qid, doc_id, rank, score, program_id); "
+                                                   "default: the TREC file's path with .parquet")
+    run_id: str | None = Field(None, description="default: the run file's name without extension")
+    k: int = Field(DEFAULT_DEPTH, ge=1, le=10_000, description=DEPTH_HELP)
+    expand: bool = True
+    backend: BackendConfig = Field(default_factory=BackendConfig,
+                                   description="query-side proposer")
+    task: str | None = Field(None, description="prompt task; default: the one recorded for the warehouse at ingest")
+    index_version: int | None = None
+    preset: str | None = None
+    batch_size: int = Field(QUERY_BATCH, gt=0, description="queries per scoring round")
+    commit_every: int = Field(QUERY_COMMIT_LINES, gt=0, description="query-file lines per chunk: expanded together "
+                                                                    "and committed to the runs table at once")
+    scorer: Literal["actors", "local"] = Field(
+        "actors", description="actors: the shards held by Ray actors, scored scatter-gather (any number of nodes); "
+                              "local: the shards memory-mapped in this process, one thread (no Ray for plain "
+                              "queries; faster at k <= 100 on one machine, bench/results/scoring_threads_200k.json)")
+    ray_address: str | None = None
+
+    @property
+    def parquet_path(self) -> Path:
+        return self.parquet or self.out.with_suffix(".parquet")
 
 
 @dataclass(frozen=True)
@@ -141,6 +176,8 @@ class Resumed:
     seen: SeenIds = field(default_factory=SeenIds)
     scored: int = 0
     rejected: int = 0
+    expansion: dict = field(default_factory=dict)  # the proposer's counters, added up over this invocation's chunks
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(("expansion", "scoring", "commits"), 0.0))
 
 
 class QueryRun:
@@ -200,6 +237,34 @@ class QueryRun:
             raise ValueError(f"run {self.run_id!r} has queries scored on index {on}, not v{index_version}: "
                              "resume it on its own version or start a new run id")
         return state
+
+    def score_chunk(self, retriever, state: Resumed, chunk: Sequence[QueryLine], index_version: int,
+                    advance: Callable[[int], None]) -> None:
+        """Score one chunk's good lines through `retriever` (a repeated query id is rejected: the run keeps its
+        first line) and commit the chunk's rows; `state` moves past the chunk."""
+        lines = []
+        for q in chunk:
+            if q.error is None and q.qid in state.seen:
+                q = replace(q, error="repeated query id (its first line is scored)")
+            elif q.error is None:
+                state.seen.add(q.qid)
+            lines.append(q)
+        todo = {q.qid: q.text for q in lines if q.error is None}
+        t = time.perf_counter()
+        proposer = retriever.proposer if todo else None
+        proposals = proposer.propose(list(todo.values())) if proposer is not None else None
+        for key, value in ((proposer.summary or {}) if proposer is not None else {}).items():
+            state.expansion[key] = state.expansion.get(key, 0) + value if isinstance(value, (int, float)) else value
+        state.seconds["expansion"] += time.perf_counter() - t
+        t = time.perf_counter()
+        programs, results = retriever.run(todo, proposals=proposals, on_batch=lambda qids, *_: advance(len(qids)))
+        state.seconds["scoring"] += time.perf_counter() - t
+        t = time.perf_counter()
+        self.commit(lines, dict(zip(todo, programs)), results, index_version)
+        state.seconds["commits"] += time.perf_counter() - t
+        state.last_line = chunk[-1].line
+        state.scored += len(todo)
+        state.rejected += len(lines) - len(todo)
 
     def commit(self, lines: Sequence[QueryLine], programs: dict, results: pa.Table, index_version: int) -> None:
         """One chunk's rows in one append: each line in order, scored (`programs` by qid; `results`, the

@@ -1,9 +1,12 @@
 """Reports of evaluated runs: the comparison table of one `sira run`, the cross-dataset report with its plots (read
-from MLflow, beside the published references), and the plot of a paired comparison (`sira compare`)."""
+from MLflow, beside the published references; ReportConfig is `sira report`'s), and the plot of a paired comparison (`sira
+compare`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from sira.pipelines.tracking.tracking import TrackingConfig
 from sira.core.variants import BASELINE_VARIANT, RERANK_VARIANT, VARIANTS
@@ -15,6 +18,14 @@ REFERENCES = {
     "SIRA paper BM25": {"scifact": 0.6791, "arguana": 0.4874},
 }
 PAPER_AVERAGES = {"BM25": 0.4247, "SPLADE": 0.5223, "E5": 0.5434, "SIRA": 0.5723}  # over the paper's 10 datasets
+
+
+class ReportConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    output_dir: str = Field("reports", description="report.md and the PNG plots go here")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    datasets: list[str] | None = Field(None, description="default: every dataset with a `sira run`")
 
 
 def collect(tracking: TrackingConfig, datasets: list[str] | None = None) -> dict[str, dict]:

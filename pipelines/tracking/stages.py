@@ -35,3 +35,10 @@ class Stages:
             raise StageFailed(name, exc) from exc
         finally:
             self.seconds[name] = time.perf_counter() - started
+
+    def tracked(self, tracker, name: str, fn: Callable[[], T], metrics: Callable[[T], dict], tags: dict) -> T:
+        """`run`, in a child run of `tracker` tagged `tags` and the stage's name, with `metrics(out)` and its seconds."""
+        with tracker.run(name, nested=True, tags={**tags, "sira.step": name}):
+            out = self.run(name, fn)
+            tracker.metrics({**metrics(out), "seconds": self.seconds[name]})
+        return out

@@ -1,0 +1,150 @@
+"""A split's queries through a Retriever and scored against its judgments, as `sira eval` (and so `sira run` and
+`sira sweep`) does it: the proposals first (under a bar of their own), the ranking, then the LLM reranker when the
+variant has one; the metrics, with answer coverage on datasets that carry gold answers; the run's file name. Its
+config, EvalConfig, is `sira eval`'s; CompareConfig is `sira compare`'s (two runs of a split, sira.pipelines.tracking.
+runs.compare_run_files)."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sira.core.defaults import DATASET_HELP, PAIRED_PERMUTATIONS, EvaluationParams, default_warehouse
+from sira.core.variants import BASELINE_VARIANT, RERANK_VARIANT, VariantName, help_text, variant
+from sira.pipelines.enrichment.backend_config import BackendConfig
+from sira.pipelines.enrichment.rerank import RerankConfig, judge_beside_proposer
+from sira.pipelines.tracking.console import progress_bar
+
+
+class EvalConfig(EvaluationParams):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field(description=DATASET_HELP)
+    split: str = "test"
+    variant: VariantName = Field(BASELINE_VARIANT, description=help_text())
+    warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
+    task: str | None = Field(None, description="prompt task; default: chosen from the dataset name")
+    backend: BackendConfig = Field(default_factory=BackendConfig,
+                                   description="query-side proposer")
+    doc_backend: BackendConfig | None = Field(
+        None, description="corpus-side proposer, run incrementally before indexing; None: index the warehouse's "
+                          "enrichment as it stands (the encoder proposer when there is none)")
+    ray_address: str | None = None
+    rerank: RerankConfig | None = Field(None, description="sira+rerank: the LLM reranker (required there, "
+                                                          "refused elsewhere)")
+
+    _judge = model_validator(mode="before")(judge_beside_proposer)
+
+    @model_validator(mode="after")
+    def _rerank_only_with_its_variant(self) -> "EvalConfig":
+        if self.variant == RERANK_VARIANT and self.rerank is None:
+            raise ValueError(f"variant {RERANK_VARIANT} needs a reranker: --rerank-backend openai|local")
+        if self.variant != RERANK_VARIANT and self.rerank is not None:
+            raise ValueError(f"rerank settings apply only to variant {RERANK_VARIANT}, not {self.variant}")
+        return self
+
+    @property
+    def first_stage(self) -> str:
+        """The single-call variant that retrieves (sira+rerank reranks what sira retrieves)."""
+        return variant(self.variant).first_stage
+
+    @property
+    def enriched(self) -> bool:
+        return variant(self.variant).enriched_index
+
+    @property
+    def expanded(self) -> bool:
+        return variant(self.variant).expanded_queries
+
+    def warehouse_path(self, dataset_name: str) -> str:
+        return self.warehouse or default_warehouse(dataset_name)
+
+
+class CompareConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_run: Path = Field(description="TREC run of the baseline (e.g. the bm25 variant's run_file)")
+    run_file: Path = Field(description="TREC run compared with it")
+    dataset: str = Field(description=DATASET_HELP)
+    split: str = "test"
+    metric: str = Field("ndcg@10", description="a ranx metric")
+    permutations: int = Field(PAIRED_PERMUTATIONS, ge=100, description="random sign swaps of the paired "
+                                                                       "randomization test")
+    seed: int = 0
+    plot: Path | None = Field(None, description="also write a PNG of the sorted per-query differences")
+
+
+@dataclass
+class SplitRun:
+    programs: list  # in query order
+    run_hits: dict[str, dict[str, float]]  # qid -> {doc_id: score}, every query (an empty dict: no hit)
+    expansion: dict | None  # the proposer's counters and how many proposed phrases the DF filter kept
+    rerank: dict | None  # the reranker's counters
+    seconds: float  # from ranking to the end (proposals not counted)
+
+
+def run_split(retriever, name: str, queries: dict[str, str], warehouse: str, rerank=None) -> SplitRun:
+    """`queries` (qid -> text) through `retriever`, then through `rerank` (a RerankConfig) when given."""
+    from sira.core.retriever import hits_by_query
+
+    proposals = None
+    if retriever.proposer is not None:
+        with progress_bar("expand queries", total=len(queries), unit="queries") as advance:
+            retriever.proposer.on_progress = advance
+            proposals = retriever.proposer.propose(list(queries.values()))
+    started = time.perf_counter()
+    with progress_bar(f"{name} queries", total=len(queries), unit="queries") as advance:
+        programs, results = retriever.run(queries, proposals=proposals, on_batch=lambda batch, *_: advance(len(batch)))
+    run_hits = {q: {} for q in queries} | hits_by_query(results)
+    expansion = None if proposals is None else {
+        **retriever.proposer.summary, "phrases_proposed": sum(len(p.phrases) for p in proposals),
+        "phrases_kept": sum(e.kept for p in programs for e in p.expansions)}
+    rerank_summary = None
+    if rerank is not None:
+        from sira.pipelines.enrichment.rerank import rerank_run
+
+        with progress_bar("rerank judgments", total=None, unit="judgments") as advance:
+            run_hits, rerank_summary = rerank_run(warehouse, queries, run_hits, rerank, on_progress=advance)
+    return SplitRun(programs, run_hits, expansion, rerank_summary, time.perf_counter() - started)
+
+
+def split_metrics(dataset, split: str, qrels: dict, warehouse: str, run_hits: dict) -> dict[str, float]:
+    from sira.core.metrics import DEFAULT_METRICS, evaluate_run
+    from sira.pipelines.tracking.runs import answer_coverage_of
+
+    metrics = evaluate_run(qrels, run_hits, DEFAULT_METRICS)
+    answers = dataset.answers(split)
+    if answers:  # does the answer string appear in the top-k passages?
+        metrics.update(answer_coverage_of(warehouse, run_hits, answers))
+    return metrics
+
+
+def run_name(dataset_name: str, split: str, preset: str, variant: str, enriched_version: int | None,
+             query_model: str | None) -> str:
+    """dataset-split-preset-variant, then what made the run differ from its peers: the enriched index version (the
+    corpus-side proposer is part of it) and the query-side model, so runs of two proposers do not overwrite each
+    other."""
+    parts = [dataset_name, split, preset, variant]
+    if enriched_version is not None:
+        parts.append(f"index{enriched_version}")
+    if query_model is not None:
+        parts.append(re.sub(r"[^A-Za-z0-9._-]+", "_", query_model))
+    return "-".join(parts)
+
+
+def track_evaluation(tracker, summary: dict) -> None:
+    """An evaluation's summary in its tracked run: the metrics, the speed, the proposer's and reranker's counters,
+    the TREC run and the programs."""
+    tracker.metrics({**summary["metrics"], "queries_per_second": summary.get("queries_per_second")})
+    for part, keys in (("expansion", ("expanded", "cached", "errors", "input_tokens", "output_tokens",
+                                      "phrases_proposed", "phrases_kept")),
+                       ("rerank", ("judged", "cached", "errors", "input_tokens", "output_tokens", "seconds",
+                                   "judgments_per_second"))):
+        if summary.get(part):
+            tracker.metrics({k: summary[part].get(k) for k in keys}, prefix=f"{part}.")
+    tracker.artifact(summary["run_file"], "runs")
+    tracker.artifact(summary["programs_file"], "programs")
