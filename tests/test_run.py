@@ -8,6 +8,7 @@ import json
 import pytest
 
 from sira.pipelines.enrichment.backend_config import BackendConfig
+from sira.pipelines.tracking.run_plan import plan
 from sira.pipelines.tracking.tracking import TrackingConfig, flatten, metric_name
 from sira.core.proposers import EncoderProposerConfig
 
@@ -54,9 +55,7 @@ def first_run(run_cfg, spark, enrich_calls):
 
 
 def test_plan_of_an_empty_warehouse_names_every_stage(run_cfg):
-    from sira.jobs import run as run_job
-
-    stages, seconds = run_job.plan(run_cfg, "tiny", run_cfg.warehouse)  # before first_run fills the warehouse
+    stages, seconds = plan(run_cfg, "tiny", run_cfg.warehouse)  # before first_run fills the warehouse
     assert stages[:2] == [f"ingest {run_cfg.dataset}", "index (plain)"]
     assert stages[2].startswith("enrich 12 documents (encoder)") and stages[3] == "index (enriched)"
     assert stages[4:] == ["expand 5 queries (encoder)", "evaluate bm25, doc, query, sira"]
@@ -99,7 +98,7 @@ def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
     from sira.pipelines.index.catalog import published_versions
 
     versions = len(published_versions(run_cfg.warehouse))
-    stages, _ = run_job.plan(run_cfg, "tiny", run_cfg.warehouse)
+    stages, _ = plan(run_cfg, "tiny", run_cfg.warehouse)
     assert stages == ["evaluate bm25, doc, query, sira"]  # nothing left to ingest, index or enrich
     again = run_job.run(run_cfg)
     assert len(published_versions(run_cfg.warehouse)) == versions  # no index rebuilt
