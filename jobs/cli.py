@@ -69,7 +69,7 @@ def _job(name: str, config, fields: tuple, run, headline: str, doc: str) -> None
 
 _job("enrich", EnrichConfig, (
     "warehouse", *PROPOSER, *LLM_RUN, "task", "max_n", "limit", "commit_every", "commit_interval_s", "retry_errors",
-    "ray_address", "preset", "backend.qps", "backend.max_in_flight", "backend.timeout_s", "backend.max_retries",
+    "embeddings", "ray_address", "preset", "backend.qps", "backend.max_in_flight", "backend.timeout_s", "backend.max_retries",
     "backend.max_tokens", "backend.structured_output", "backend.engine_kwargs", "backend.sampling_kwargs"),
     lambda cfg: enrich_job.run(cfg),
     "documents {documents}  enriched {enriched}  skipped {skipped}  errors {errors}  tokens in/out "
@@ -243,7 +243,7 @@ def sweep(ctx: typer.Context, values: dict, verbose: bool = Verbose, output_json
 
 _job("nightly", nightly_job.NightlyConfig, (
     "warehouse", "source", "enrichment", *PROPOSER, *LLM_RUN, "task", "preset", "shards", "tau", "spark_master",
-    "ray_address", "keep_days", "commit_every", "max_delete_fraction", "tracking.enabled", *TRACKING),
+    "ray_address", "keep_days", "commit_every", "max_delete_fraction", "embeddings", "tracking.enabled", *TRACKING),
     lambda cfg: nightly_job.run(cfg),
     "index v{index_version}: {ingested[inserted]} inserted, {ingested[updated]} updated, {ingested[deleted]} deleted, "
     "{ingested[unchanged]} unchanged; {enriched} enriched; {rejected} rejected; expired versions {expired_versions}",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.tracking.evaluation import EvalConfig
 
 
@@ -13,13 +12,13 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     """`manifest`: the index to search, when a composite job has brought it up to date already; None: whatever the
     warehouse lacks is ingested, enriched and indexed first."""
     from sira.core.datasets import resolve_dataset
-    from sira.pipelines.tracking.evaluation import run_name, run_split, split_metrics
+    from sira.pipelines.tracking.evaluation import open_variant, run_name, run_split, split_metrics
     from sira.pipelines.tracking.runs import RUNS_FOLDER, write_run, write_run_info
 
     dataset = resolve_dataset(cfg.dataset)
     warehouse, queries, qrels = cfg.warehouse_path(dataset.name), dataset.queries(cfg.split), dataset.qrels(cfg.split)
-    retriever, manifest = _retriever(cfg, warehouse, manifest, dataset.queries_are_documents)
-    done = run_split(retriever, f"{dataset.name}/{cfg.split}", queries, warehouse, cfg.rerank)
+    retriever, dense, manifest = open_variant(cfg, warehouse, manifest, dataset.queries_are_documents)
+    done = run_split(retriever, f"{dataset.name}/{cfg.split}", queries, warehouse, cfg.rerank, dense)
     name = run_name(dataset.name, cfg.split, cfg.preset, cfg.variant, manifest["index_version"] if cfg.enriched
                     else None, cfg.backend.model_id() if cfg.expanded else None)
     run_path = Path(warehouse) / RUNS_FOLDER / f"{name}.trec"
@@ -34,19 +33,3 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     # What the run is, beside it: `sira serve`'s compare view lists and compares the runs of a warehouse.
     summary["info_file"] = str(write_run_info(run_path, summary, cfg.dataset, list(queries)))
     return summary
-
-
-def _retriever(cfg: EvalConfig, warehouse: str, manifest: dict | None, queries_are_documents: bool):
-    """The variant's index (built first when `manifest` is None and the warehouse lacks it) and its proposer."""
-    from sira.pipelines.index.freshness import ensure_index
-    from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
-
-    if manifest is None:
-        manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
-                                enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
-                                log=console.log, progress=progress_bar)
-    proposer = (lambda m: CachedBatchProposer(warehouse, cfg.backend, cfg.task, m, cfg.ray_address)) \
-        if cfg.expanded else None
-    # A dataset whose queries are documents: a query's own document is never among its hits.
-    return open_retriever(warehouse, manifest=manifest, proposer=proposer, tau=cfg.tau, w=cfg.w, k=cfg.depth,
-                          exclude_self=queries_are_documents)

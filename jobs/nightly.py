@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field
 
 from sira.jobs import enrich as enrich_job
 from sira.jobs import ingest as ingest_job
-from sira.pipelines.tracking.console import console
+from sira.pipelines.tracking.console import console, progress_bar
 from sira.pipelines.enrichment.corpus_enrichment import EnrichConfig, log_failures
 from sira.pipelines.storage.ingest import IngestConfig
 from sira.pipelines.enrichment.backend_config import BackendConfig
@@ -48,6 +48,9 @@ class NightlyConfig(DFFilterParams, IndexBuildParams):
     commit_every: int = Field(COMMIT_EVERY, gt=0, description="most enrichment rows per Delta commit")
     max_delete_fraction: float = Field(0.5, ge=0, le=1, description="refuse a snapshot that deletes more than this "
                                                                     "share of the docs (a truncated file); 1: no limit")
+    embeddings: bool | None = Field(None, description="keep document vectors (the dense variants): None: the ones "
+                                                      "the encoder proposer makes as it enriches; True: also embed "
+                                                      "the night's other new or changed documents; False: none")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 
@@ -69,6 +72,7 @@ def run(cfg: NightlyConfig, on_step: Callable[[str], None] | None = None) -> dic
 def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> dict:
     from pyspark.sql import SparkSession
 
+    from sira.pipelines.enrichment.embeddings import embed_documents
     from sira.pipelines.enrichment.ray_enrich import ray_is_up, stop_ray
     from sira.pipelines.index.freshness import fresh_or_build
     from sira.pipelines.index.retention import expire_versions
@@ -106,10 +110,14 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
             try:
                 enrich = step("enrich", lambda: enrich_job.run(EnrichConfig(
                     warehouse=cfg.warehouse, backend=cfg.backend, task=cfg.task, preset=cfg.preset,
-                    commit_every=cfg.commit_every, ray_address=cfg.ray_address)),
+                    commit_every=cfg.commit_every, ray_address=cfg.ray_address, embeddings=cfg.embeddings is not False)),
                     lambda s: {k: s[k] for k in ("documents", "enriched", "skipped", "errors", "input_tokens",
                                                  "output_tokens", "docs_per_second")})
                 log_failures(enrich, console.log, "the next night")
+                if cfg.embeddings:  # the encoder's enrichment kept the night's vectors: only the rest are made
+                    step("embed", lambda: embed_documents(cfg.warehouse, console.log, progress_bar,
+                                                          ray_address=cfg.ray_address),
+                         lambda s: {k: s[k] for k in ("embedded", "skipped", "docs_per_second")})
                 if not ray_was_up:
                     # Ray's idle workers and Ray Data's stats actor outlive the enrichment (1.6 and 1.0 GB at 5M
                     # documents) while the index step's Spark needs the memory; a Ray that was up before is left.

@@ -1,6 +1,7 @@
 """`sira run`: one dataset through the whole pipeline, ingest -> index -> enrich -> enriched index -> expand and
-evaluate the single-call variants (sira.core.variants: bm25, doc, query, sira), reusing whatever the warehouse already holds, tracked in
-MLflow (a parent run per invocation, a child run per variant) and ending with a comparison table.
+evaluate the variants (sira.core.variants: bm25, doc, query, sira and the dense baselines dense, hybrid,
+sira+dense), reusing whatever the warehouse already holds, tracked in MLflow (a parent run per invocation, a child
+run per variant) and ending with a comparison table.
 
 `sira+rerank` (an LLM judges sira's top-k) runs only when named in `variants` with a reranker; it is not a
 single call, and the comparison table says so.
@@ -24,7 +25,7 @@ from sira.pipelines.enrichment.rerank import RerankConfig, judge_beside_proposer
 from sira.pipelines.tracking.stages import Stages
 from sira.pipelines.tracking.tracking import Tracker, TrackingConfig
 from sira.core.defaults import DATASET_HELP, EvaluationParams, default_warehouse
-from sira.core.variants import RERANK_VARIANT, SINGLE_CALL_VARIANTS, VariantName, needs_enriched_index
+from sira.core.variants import RERANK_VARIANT, RUN_VARIANTS, VariantName, needs_embeddings, needs_enriched_index
 
 
 # `sira run`'s options: the RunConfig fields it takes, and its own defaults (no --doc-backend: the query side's).
@@ -39,7 +40,7 @@ class RunConfig(EvaluationParams):
     dataset: str = Field("beir:scifact", description=DATASET_HELP)
     warehouse: str | None = Field(None, description="default: warehouses/<dataset name>")
     split: str = "test"
-    variants: list[VariantName] = Field(default_factory=lambda: list(SINGLE_CALL_VARIANTS))
+    variants: list[VariantName] = Field(default_factory=lambda: list(RUN_VARIANTS))
     backend: BackendConfig = Field(default_factory=BackendConfig,
                                    description="query-side proposer")
     doc_backend: BackendConfig | None = Field(None, description="corpus-side proposer (default: the query side's)")
@@ -80,6 +81,7 @@ class RunConfig(EvaluationParams):
 
 def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
     from sira.pipelines.enrichment.corpus_enrichment import enrichment_sample
+    from sira.pipelines.enrichment.embeddings import embed_documents
     from sira.pipelines.index.freshness import ensure_index, fresh_or_build
     from sira.pipelines.tracking.evaluation import track_evaluation
     from sira.pipelines.tracking.report import comparison_markdown
@@ -113,6 +115,10 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
                                                             "input_tokens", "output_tokens", "seconds",
                                                             "docs_per_second")}, prefix="enrich.")
             tracker.json_artifact(enrichment_sample(warehouse, enrich_summary), "enrichment_sample.json")
+        if needs_embeddings(cfg.variants):  # the encoder's enrichment kept its vectors: only the rest are made
+            embedded = stage("embed", lambda: embed_documents(warehouse, console.log, progress_bar))
+            tracker.metrics({k: embedded[k] for k in ("embedded", "skipped", "seconds")}, prefix="embed.")
+        if cfg.enriched:
             indexes[True] = stage("index (enriched)", lambda: fresh_or_build(
                 warehouse, cfg.preset, cfg.shards, cfg.spark_master, plain["docs_table_version"], cfg.tau,
                 enrich_summary["model"], enrich_summary["prompt_version"], log=console.log))

@@ -89,6 +89,21 @@ VOCABULARY_SCHEMA = pa.schema(
     ]
 )
 
+# A sentence encoder's vector of each document's content (the dense variants' corpus side), keyed by (doc_id,
+# content_hash, encoder): a changed document gets a new row, an unchanged one keeps its vector across nights.
+# `encoder` names the model and its input length (two lengths make two vectors).
+DOC_EMBEDDINGS = "doc_embeddings"
+DOC_EMBEDDINGS_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("content_hash", pa.string(), nullable=False),
+        pa.field("encoder", pa.string(), nullable=False),
+        pa.field("embedding", pa.list_(pa.float32()), nullable=False),  # unit length
+        pa.field("embedded_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+DOC_EMBEDDINGS_KEY = ("doc_id", "content_hash", "encoder")
+
 # Facts about the warehouse recorded when its corpus is ingested (e.g. `task`: the prompt task of its dataset), so
 # later jobs read them instead of guessing from the warehouse's name. Key: key.
 WAREHOUSE_INFO = "warehouse_info"

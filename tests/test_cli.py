@@ -71,11 +71,11 @@ def test_errors_are_one_clear_line_and_exit_code_2(tmp_path):
 
 
 def test_a_bad_option_value_is_one_line_naming_the_option_and_what_it_accepts(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "eval", "-d", str(tmp_path), "--variant", "dense"],
+    proc = subprocess.run([sys.executable, "-m", "sira.jobs.cli", "eval", "-d", str(tmp_path), "--variant", "colbert"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: --variant: 'dense' is not one of 'bm25', 'doc', 'query', 'sira', "
-                                   "'sira+rerank'")
+    assert proc.stderr.strip() == ("error: --variant: 'colbert' is not one of 'bm25', 'doc', 'query', 'sira', "
+                                   "'sira+rerank', 'dense', 'hybrid', 'sira+dense'")
 
 
 def test_search_constraints_and_program_files(tmp_path, tiny_beir, spark):

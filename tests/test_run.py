@@ -58,14 +58,15 @@ def test_plan_of_an_empty_warehouse_names_every_stage(run_cfg):
     stages, seconds = plan(run_cfg, "tiny", run_cfg.warehouse)  # before first_run fills the warehouse
     assert stages[:2] == [f"ingest {run_cfg.dataset}", "index (plain)"]
     assert stages[2].startswith("enrich 12 documents (encoder)") and stages[3] == "index (enriched)"
-    assert stages[4:] == ["expand 5 queries (encoder)", "evaluate bm25, doc, query, sira"]
+    # No embed stage: the encoder's enrichment keeps every document's vector.
+    assert stages[4:] == ["expand 5 queries (encoder)", "evaluate bm25, doc, query, sira, dense, hybrid, sira+dense"]
     assert seconds > 0
 
 
 def test_run_evaluates_all_variants_and_logs_them_to_mlflow(first_run, run_cfg, tracking):
     from mlflow.tracking import MlflowClient
 
-    assert list(first_run["variants"]) == ["bm25", "doc", "query", "sira"]
+    assert list(first_run["variants"]) == ["bm25", "doc", "query", "sira", "dense", "hybrid", "sira+dense"]
     for variant, r in first_run["variants"].items():
         assert set(r["metrics"]) == {"ndcg@10", "recall@10", "recall@100"} and r["variant"] == variant
     assert first_run["enrichment"]["enriched"] == 12
@@ -74,7 +75,7 @@ def test_run_evaluates_all_variants_and_logs_them_to_mlflow(first_run, run_cfg, 
     runs = client.search_runs([exp.experiment_id])
     parent = [r for r in runs if r.info.run_id == first_run["mlflow_run_id"]][0]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(r.data.tags["sira.variant"] for r in children) == ["bm25", "doc", "query", "sira"]
+    assert sorted(r.data.tags["sira.variant"] for r in children) == sorted(first_run["variants"])
     assert parent.data.params["backend.backend"] == "encoder" and parent.data.params["tau"] == "0.25"
     assert parent.data.metrics["enrich.enriched"] == 12 and "enrich.docs_per_second" in parent.data.metrics
     sira = [r for r in children if r.data.tags["sira.variant"] == "sira"][0]
@@ -90,7 +91,9 @@ def test_run_evaluates_all_variants_and_logs_them_to_mlflow(first_run, run_cfg, 
 def test_run_asks_for_enrichment_once_for_every_variant(first_run, enrich_calls):
     assert [cfg.backend.backend for cfg in enrich_calls] == ["encoder"]  # the enrich stage's; no variant asks again
     versions = {variant: r["index_version"] for variant, r in first_run["variants"].items()}
-    assert versions["doc"] == versions["sira"] != versions["bm25"] == versions["query"]
+    assert versions["doc"] == versions["sira"] == versions["sira+dense"] != versions["bm25"] == versions["query"] \
+        == versions["dense"] == versions["hybrid"]
+    assert first_run["stage_seconds"]["embed"] >= 0  # a stage of its own, with nothing left to embed
 
 
 def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
@@ -99,7 +102,8 @@ def test_second_run_reuses_every_stage(first_run, run_cfg, spark):
 
     versions = len(published_versions(run_cfg.warehouse))
     stages, _ = plan(run_cfg, "tiny", run_cfg.warehouse)
-    assert stages == ["evaluate bm25, doc, query, sira"]  # nothing left to ingest, index or enrich
+    # Nothing left to ingest, index, enrich or embed.
+    assert stages == ["evaluate bm25, doc, query, sira, dense, hybrid, sira+dense"]
     again = run_job.run(run_cfg)
     assert len(published_versions(run_cfg.warehouse)) == versions  # no index rebuilt
     assert (again["enrichment"]["enriched"], again["enrichment"]["skipped"]) == (0, 12)

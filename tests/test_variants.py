@@ -19,5 +19,10 @@ def test_what_each_variant_needs():
     assert not variants.needs_expanded_queries(["bm25", "doc"])
     assert variants.needs_expanded_queries(["query"]) and variants.needs_expanded_queries(["sira+rerank"])
     assert variants.variant("sira+rerank").first_stage == "sira" and variants.variant("doc").first_stage == "doc"
-    with pytest.raises(ValueError, match="unknown variant 'dense': one of bm25, doc, query, sira, sira\\+rerank"):
-        variants.variant("dense")
+    assert variants.needs_embeddings(["bm25", "hybrid"]) and not variants.needs_embeddings(["sira", "sira+rerank"])
+    assert variants.variant("hybrid").first_stage == "bm25" and variants.variant("dense").first_stage is None
+    assert variants.needs_enriched_index(["sira+dense"]) and not variants.needs_enriched_index(["dense", "hybrid"])
+    assert variants.RUN_VARIANTS == ("bm25", "doc", "query", "sira", "dense", "hybrid", "sira+dense")
+    with pytest.raises(ValueError, match="unknown variant 'colbert': one of bm25, doc, query, sira, sira\\+rerank, "
+                                         "dense, hybrid, sira\\+dense"):
+        variants.variant("colbert")

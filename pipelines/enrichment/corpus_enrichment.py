@@ -31,6 +31,8 @@ class EnrichConfig(BaseModel):
     ray_address: str | None = None
     preset: str | None = Field(None, description="encoder: the plain index whose vocabulary is proposed "
                                                  "(default: the newest plain index)")
+    embeddings: bool = Field(True, description="encoder: also keep each document's vector, which it computes anyway "
+                                               "(the dense variants' corpus side; 1.5 KB a document)")
 
 
 def encoder_vocabulary(warehouse: str, backend: BackendConfig, preset: str | None, log: Callable[[str], None]):
@@ -66,13 +68,16 @@ def enrich_corpus(cfg: EnrichConfig, log: Callable[[str], None], progress: Progr
     started = time.perf_counter()
     counters = {"enriched": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0, "commits": 0, "commit_seconds": 0.0}
     if todo.num_rows:
-        vocabulary, analyzer_json = None, None
+        vocabulary, analyzer_json, keep = None, None, lambda chunk: None
         if cfg.backend.backend == "encoder":
+            from sira.pipelines.enrichment.embeddings import keep_vectors
+
             vocabulary, analyzer_json = encoder_vocabulary(cfg.warehouse, cfg.backend, cfg.preset, log)
+            keep = keep_vectors(cfg.warehouse, cfg.backend.encoder.max_tokens) if cfg.embeddings else keep
         init_ray(cfg.ray_address)
         with progress("enrich", todo.num_rows, "docs") as advance:
             counters = enrich(cfg.warehouse, todo, template, cfg.backend, cfg.max_n, cfg.commit_every, advance,
-                              vocabulary, analyzer_json, cfg.commit_interval_s, on_commit)
+                              vocabulary, analyzer_json, cfg.commit_interval_s, on_commit, keep)
     seconds = time.perf_counter() - started
     done = counters["enriched"] + counters["errors"]
     return {

@@ -125,8 +125,13 @@ class EncoderProposer:
         self.encoder = shared_encoder(cfg.max_tokens)
 
     def propose(self, texts: Sequence[str]) -> list[Proposal]:
+        return self.propose_with_vectors(texts)[0]
+
+    def propose_with_vectors(self, texts: Sequence[str]) -> tuple[list[Proposal], np.ndarray]:
+        """The proposals and the texts' vectors they came from (a document's is the dense variants' vector)."""
         held = [held_terms(self.analyzer, text) for text in texts]
-        return nearest_entries(self.encoder.encode(list(texts)), held, self.vocabulary, self.cfg)
+        vectors = self.encoder.encode(list(texts))
+        return nearest_entries(vectors, held, self.vocabulary, self.cfg), vectors
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         return [len(e.ids) for e in self.encoder.tokenizer.encode_batch(list(texts))]
@@ -147,10 +152,11 @@ class EncoderActor:
         texts = [str(t) for t in batch["prompt"]]
         started = time.perf_counter()
         try:
-            proposals = self.proposer.propose(texts)
+            proposals, vectors = self.proposer.propose_with_vectors(texts)
             tokens = self.proposer.token_counts(texts)
         except Exception as exc:  # a failed batch is recorded per row and retried by the next run
-            proposals, tokens = [Proposal([], [], f"encoder: {type(exc).__name__}: {exc}") for _ in texts], [0] * len(texts)
+            proposals = [Proposal([], [], f"encoder: {type(exc).__name__}: {exc}") for _ in texts]
+            vectors, tokens = np.zeros((len(texts), self.proposer.encoder.dim), np.float32), [0] * len(texts)
         per_row_ms = (time.perf_counter() - started) * 1000 / max(len(texts), 1)
         out = batch.drop(columns=["prompt"])
         out = out.assign(
@@ -162,6 +168,7 @@ class EncoderActor:
             output_tokens=[0] * len(texts),
             latency_ms=[per_row_ms] * len(texts),
             error=[p.error for p in proposals],
+            embedding=[v.tolist() for v in vectors],  # lists: Ray would make ndarrays a tensor extension type
         )
         return out
 

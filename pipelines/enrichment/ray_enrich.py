@@ -92,6 +92,20 @@ class DocsTodo:
 def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors: bool = True) -> tuple[DocsTodo, int]:
     """Docs whose current content has no enrichment for (model, prompt_version) yet, with REPLACES_ERROR; and how
     many were skipped. Only the keys are read here (doc_id, content_hash: about 60 bytes a document)."""
+    uri = tables.table_uri(warehouse, tables.ENRICHMENT)
+    done, errored = None, None
+    if table_exists(uri):
+        done = read_table(uri, columns=["doc_id", "content_hash", "model", "prompt_version", "error"])
+        done = done.filter(pc.and_(pc.equal(done["model"], model), pc.equal(done["prompt_version"], prompt_version)))
+        errored = done.filter(pc.is_valid(done["error"])) if retry_errors else None
+        if retry_errors:
+            done = done.filter(pc.is_null(done["error"]))
+    return docs_todo(warehouse, done, errored)
+
+
+def docs_todo(warehouse: str, done: pa.Table | None, errored: pa.Table | None = None) -> tuple[DocsTodo, int]:
+    """The current docs whose (doc_id, content_hash) is not among `done`'s, by position in the docs table's files,
+    with REPLACES_ERROR (their key is among `errored`'s); and how many were done."""
     docs_uri = tables.table_uri(warehouse, tables.DOCS)
     paths = data_files(docs_uri)
     keys = []
@@ -102,18 +116,8 @@ def docs_to_enrich(warehouse: str, model: str, prompt_version: str, retry_errors
     docs = pa.concat_tables(keys) if keys else pa.table({"doc_id": pa.array([], pa.string()), "content_hash": pa.array(
         [], pa.string()), "file": pa.array([], pa.int32()), "pos": pa.array([], pa.int64())})
     del keys
-    uri = tables.table_uri(warehouse, tables.ENRICHMENT)
-    errored = None
-    if table_exists(uri):
-        done = read_table(uri, columns=["doc_id", "content_hash", "model", "prompt_version", "error"])
-        done = done.filter(pc.and_(pc.equal(done["model"], model), pc.equal(done["prompt_version"], prompt_version)))
-        errored = done.filter(pc.is_valid(done["error"])) if retry_errors else None
-        if retry_errors:
-            done = done.filter(pc.is_null(done["error"]))
-        todo = docs.join(done.select(["doc_id", "content_hash"]), keys=["doc_id", "content_hash"],
-                         join_type="left anti")
-    else:
-        todo = docs
+    todo = docs if done is None else docs.join(done.select(["doc_id", "content_hash"]).cast(KEY_SCHEMA),
+                                               keys=["doc_id", "content_hash"], join_type="left anti")
     todo = with_replaces_error(todo, errored, ("doc_id", "content_hash")).sort_by([("file", "ascending"),
                                                                                   ("pos", "ascending")])
     files, ids = [], todo.column("file").to_numpy()
@@ -232,6 +236,7 @@ def enrich(
     analyzer_json: str | None = None,
     commit_interval_s: float = COMMIT_INTERVAL_S,
     on_commit: Callable[[dict], None] = lambda stats: None,
+    after_commit: Callable[[pa.Table], None] = lambda chunk: None,
 ) -> dict:
     """Corpus side: propose phrases for each doc of `todo` (from docs_to_enrich) and commit them to `enrichment`.
     An LLM reads the rendered prompt; the encoder proposer reads the document itself."""
@@ -243,7 +248,7 @@ def enrich(
             return template.render(document_input(row["title"], row["text"]), max_n)
     return propose(warehouse, tables.ENRICHMENT, todo, ("doc_id", "content_hash"), render,
                    backend.proposal_version(template.version), backend, max_n, commit_every, on_progress,
-                   vocabulary, analyzer_json, commit_interval_s, on_commit)
+                   vocabulary, analyzer_json, commit_interval_s, on_commit, after_commit)
 
 
 def propose(
@@ -261,10 +266,12 @@ def propose(
     analyzer_json: str | None = None,
     commit_interval_s: float = COMMIT_INTERVAL_S,
     on_commit: Callable[[dict], None] = lambda stats: None,
+    after_commit: Callable[[pa.Table], None] = lambda chunk: None,
 ) -> dict:
     """Run prompt -> proposer -> parse over `todo` (rows with the `carry` columns, what `render` reads and
     REPLACES_ERROR) with Ray Data and commit results in chunks to `table` (its key is `carry` + model +
-    prompt_version); returns counters. `on_commit` gets each commit's ProposalWriter.write statistics."""
+    prompt_version); returns counters. `on_commit` gets each commit's ProposalWriter.write statistics,
+    `after_commit` the chunk it committed (with the encoder's `embedding` column)."""
     if isinstance(todo, pa.Table) and REPLACES_ERROR not in todo.column_names:
         raise ValueError(f"propose needs the {REPLACES_ERROR!r} column (with_replaces_error); got {todo.column_names}")
     model, backend_name = backend.model_id(), backend.backend
@@ -292,8 +299,9 @@ def propose(
     # Ray task (a worker process, object store copies), and this process touches every row anyway.
     answers = (parse(block) for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"))
     writer = ProposalWriter(warehouse, table)
-    for chunk in _chunks(answers, commit_every, commit_interval_s):
+    for chunk in in_chunks(answers, commit_every, commit_interval_s):
         stats = writer.write(chunk)
+        after_commit(chunk)
         errors = chunk.num_rows - pc.sum(pc.is_null(chunk["error"]).cast(pa.int64())).as_py()
         counters["enriched"] += chunk.num_rows - errors
         counters["errors"] += errors
@@ -337,6 +345,8 @@ def parsed_answers(batch: pa.Table, passed: list[str], max_words: int, labels: d
         latency_ms=pc.fill_null(batch.column("latency_ms").cast(pa.float64()), 0.0),
         error=pa.array(out_errors, pa.string()),
         enriched_at=pa.array([datetime.now(timezone.utc)] * n, pa.timestamp("us", tz="UTC")))
+    if "embedding" in batch.column_names:  # the encoder's vector of each text, kept for the dense variants
+        columns["embedding"] = batch.column("embedding")
     return pa.table(columns)
 
 
@@ -377,7 +387,7 @@ def _docs_datasource(todo: DocsTodo):
     return DocsTodoDatasource()
 
 
-def _chunks(blocks: Iterable[pa.Table], rows: int, seconds: float) -> Iterator[pa.Table]:
+def in_chunks(blocks: Iterable[pa.Table], rows: int, seconds: float) -> Iterator[pa.Table]:
     """`blocks` in chunks of at most `rows` rows; a block that arrives `seconds` or more after the last chunk was
     taken also ends a chunk, so a slow backend commits every so often too."""
     waiting: list[pa.Table] = []

@@ -17,7 +17,7 @@ from sira.core.defaults import DATASET_HELP, PAIRED_PERMUTATIONS, EvaluationPara
 from sira.core.variants import BASELINE_VARIANT, RERANK_VARIANT, VariantName, help_text, variant
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.rerank import RerankConfig, judge_beside_proposer
-from sira.pipelines.tracking.console import progress_bar
+from sira.pipelines.tracking.console import console, progress_bar
 
 
 class EvalConfig(EvaluationParams):
@@ -48,9 +48,13 @@ class EvalConfig(EvaluationParams):
         return self
 
     @property
-    def first_stage(self) -> str:
-        """The single-call variant that retrieves (sira+rerank reranks what sira retrieves)."""
+    def first_stage(self) -> str | None:
+        """The single-call variant that retrieves (sira+rerank reranks what sira retrieves, hybrid fuses bm25)."""
         return variant(self.variant).first_stage
+
+    @property
+    def dense(self) -> bool:
+        return variant(self.variant).dense
 
     @property
     def enriched(self) -> bool:
@@ -87,8 +91,62 @@ class SplitRun:
     seconds: float  # from ranking to the end (proposals not counted)
 
 
-def run_split(retriever, name: str, queries: dict[str, str], warehouse: str, rerank=None) -> SplitRun:
-    """`queries` (qid -> text) through `retriever`, then through `rerank` (a RerankConfig) when given."""
+def open_variant(cfg: EvalConfig, warehouse: str, manifest: dict | None, queries_are_documents: bool):
+    """The variant's BM25 retriever (with its proposer) and dense retriever, each None when it has no such part, and
+    the index they search (built first when `manifest` is None and the warehouse lacks it; its documents embedded
+    when the variant is dense)."""
+    from sira.pipelines.index.freshness import ensure_index
+    from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
+
+    if manifest is None:
+        manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
+                                enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
+                                log=console.log, progress=progress_bar)
+    retriever = dense = None
+    if cfg.first_stage is not None:
+        proposer = (lambda m: CachedBatchProposer(warehouse, cfg.backend, cfg.task, m, cfg.ray_address)) \
+            if cfg.expanded else None
+        # A dataset whose queries are documents: a query's own document is never among its hits.
+        retriever, _ = open_retriever(warehouse, manifest=manifest, proposer=proposer, tau=cfg.tau, w=cfg.w,
+                                      k=cfg.depth, exclude_self=queries_are_documents)
+    if cfg.dense:
+        from sira.pipelines.enrichment.embeddings import embed_documents
+        from sira.pipelines.serving.dense_retriever import open_dense
+
+        embed_documents(warehouse, console.log, progress_bar, ray_address=cfg.ray_address)
+        dense = open_dense(warehouse, manifest, cfg.depth, exclude_self=queries_are_documents)
+    return retriever, dense, manifest
+
+
+def run_split(retriever, name: str, queries: dict[str, str], warehouse: str, rerank=None, dense=None) -> SplitRun:
+    """`queries` (qid -> text) through `retriever` (a BM25 Retriever; None: none), through `dense` (a
+    DenseRetriever; fused with the BM25 ranking by reciprocal rank when both), then through `rerank` (a
+    RerankConfig) when given."""
+    programs, run_hits, expansion = [], None, None
+    started = time.perf_counter()
+    if retriever is not None:
+        programs, run_hits, expansion, started = _lexical(retriever, name, queries)
+    if dense is not None:
+        with progress_bar(f"{name} queries (dense)", total=len(queries), unit="queries") as advance:
+            dense_hits = dense.run(queries, on_batch=lambda batch: advance(len(batch)))
+        if run_hits is None:
+            run_hits = dense_hits
+        else:
+            from sira.core.dense import reciprocal_rank_fusion
+
+            run_hits = reciprocal_rank_fusion([run_hits, dense_hits], depth=retriever.k)
+    rerank_summary = None
+    if rerank is not None:
+        from sira.pipelines.enrichment.rerank import rerank_run
+
+        with progress_bar("rerank judgments", total=None, unit="judgments") as advance:
+            run_hits, rerank_summary = rerank_run(warehouse, queries, run_hits, rerank, on_progress=advance)
+    return SplitRun(programs, run_hits, expansion, rerank_summary, time.perf_counter() - started)
+
+
+def _lexical(retriever, name: str, queries: dict[str, str]) -> tuple:
+    """The BM25 part: the proposals first (under a bar of their own), then the ranking; (programs, run hits, the
+    expansion's summary, when the ranking started)."""
     from sira.core.retriever import hits_by_query
 
     proposals = None
@@ -103,13 +161,7 @@ def run_split(retriever, name: str, queries: dict[str, str], warehouse: str, rer
     expansion = None if proposals is None else {
         **retriever.proposer.summary, "phrases_proposed": sum(len(p.phrases) for p in proposals),
         "phrases_kept": sum(e.kept for p in programs for e in p.expansions)}
-    rerank_summary = None
-    if rerank is not None:
-        from sira.pipelines.enrichment.rerank import rerank_run
-
-        with progress_bar("rerank judgments", total=None, unit="judgments") as advance:
-            run_hits, rerank_summary = rerank_run(warehouse, queries, run_hits, rerank, on_progress=advance)
-    return SplitRun(programs, run_hits, expansion, rerank_summary, time.perf_counter() - started)
+    return programs, run_hits, expansion, started
 
 
 def split_metrics(dataset, split: str, qrels: dict, warehouse: str, run_hits: dict) -> dict[str, float]:

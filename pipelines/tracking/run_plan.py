@@ -13,6 +13,9 @@ _VOCABULARY_ENTRIES_PER_DOC = 20  # scifact's bigram vocabulary: 100,419 entries
 _JUDGMENTS_PER_SECOND = {"local": 0.12, "openai": 5.0}
 # Query expansions per second (scifact-length queries); local: measured on scifact test, 2 cores, 2 engines.
 _QUERIES_PER_SECOND = {"encoder": 20.0, "local": 0.5, "openai": 5.0, "vllm": 50.0}
+# Documents embedded per second by the encoder alone (an actor per core): a guess above the enrichment's 9.5, which
+# also searches the vocabulary.
+_EMBEDDINGS_PER_SECOND = 12.0
 
 
 def plan(cfg, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
@@ -22,7 +25,8 @@ def plan(cfg, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
     from sira.pipelines.enrichment.ray_enrich import docs_to_enrich
     from sira.core import tables
     from sira.core.enrichment import load_template, task_for_dataset
-    from sira.core.variants import needs_expanded_queries
+    from sira.core.variants import needs_embeddings, needs_expanded_queries
+    from sira.pipelines.enrichment.embeddings import DOCUMENT_MAX_TOKENS
 
     stages, seconds = [], 10.0
     docs_version = table_version(tables.table_uri(warehouse, tables.DOCS))
@@ -44,9 +48,16 @@ def plan(cfg, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
             seconds += todo / _DOCS_PER_SECOND.get(backend.backend, 1.0)
             if backend.backend == "encoder":
                 seconds += todo * _VOCABULARY_ENTRIES_PER_DOC / _VOCABULARY_ENTRIES_PER_SECOND  # a first vocabulary
+        enriching = todo if backend.backend == "encoder" and backend.encoder.max_tokens == DOCUMENT_MAX_TOKENS else 0
         if todo or fresh_index(warehouse, cfg.preset, docs_version, cfg.tau, backend.model_id(), version)[0] is None:
             stages.append("index (enriched)")
             seconds += _SECONDS_PER_INDEX_BUILD
+    if needs_embeddings(cfg.variants):
+        todo = _docs_to_embed(cfg, warehouse, docs_version) - (enriching if cfg.enriched else 0)
+        if todo > 0:  # the rest come with the encoder's enrichment
+            at = len(stages) - 1 if stages and stages[-1] == "index (enriched)" else len(stages)
+            stages.insert(at, f"embed {todo} documents")
+            seconds += todo / _EMBEDDINGS_PER_SECOND
     if needs_expanded_queries(cfg.variants):
         todo = _queries_to_expand(cfg, dataset_name, warehouse)
         if todo:
@@ -82,3 +93,13 @@ def _corpus_size(spec: str) -> int:
     from sira.core.datasets import iter_lines, resolve_dataset
 
     return sum(1 for _ in iter_lines(resolve_dataset(spec).corpus_path))
+
+
+def _docs_to_embed(cfg, warehouse: str, docs_version: int | None) -> int:
+    """Documents whose current content has no vector from the encoder yet."""
+    from sira.pipelines.enrichment.embeddings import embedded_keys, encoder_id
+    from sira.pipelines.enrichment.ray_enrich import docs_todo
+
+    if docs_version is None:
+        return _corpus_size(cfg.dataset)
+    return docs_todo(warehouse, embedded_keys(warehouse, encoder_id()))[0].num_rows
