@@ -85,7 +85,7 @@ def test_encoder_and_vllm_cannot_rerank():
 def test_sira_run_does_not_rerank_unless_asked(tiny_beir):
     from sira.jobs import eval as eval_job
 
-    assert run_job.RunConfig().variants == ["bm25", "doc", "query", "sira"]
+    assert "sira+rerank" not in run_job.RunConfig().variants
     assert SINGLE_CALL_VARIANTS == ("bm25", "doc", "query", "sira")
     with pytest.raises(ValidationError, match="needs a reranker: --rerank-backend"):
         run_job.RunConfig(variants=["bm25", "sira+rerank"])
