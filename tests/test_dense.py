@@ -147,3 +147,27 @@ def test_dense_hybrid_and_sira_plus_dense_variants(dense_warehouse, tiny_beir):
         assert set(runs[fused]) == set(want)
         for qid, hits in runs[fused].items():
             assert hits == pytest.approx(want[qid], abs=2e-6)
+
+
+def test_query_vectors_are_encoded_once_per_text(monkeypatch):
+    from sira.pipelines.serving import dense_retriever
+
+    class Counting:
+        dim = 2
+
+        def __init__(self):
+            self.seen = []
+
+        def encode(self, texts):
+            self.seen += list(texts)
+            return np.array([[len(t), 1.0] for t in texts], np.float32)
+
+    monkeypatch.setattr(dense_retriever, "_QUERY_VECTORS", {})
+    encoder = Counting()
+    first = dense_retriever.query_vectors(encoder, ["a", "bb", "a"])
+    again = dense_retriever.query_vectors(encoder, ["bb", "ccc"])
+    assert encoder.seen == ["a", "bb", "ccc"]  # a repeated or earlier text is not encoded again
+    assert first[:, 0].tolist() == [1, 2, 1] and again[:, 0].tolist() == [2, 3]
+    monkeypatch.setattr(dense_retriever, "QUERY_VECTOR_CACHE", 2)
+    dense_retriever.query_vectors(encoder, ["dddd"])  # full: the cache starts over
+    assert encoder.seen[-1] == "dddd" and len(dense_retriever._QUERY_VECTORS) == 1

@@ -5,10 +5,30 @@ vectors (sira.core.dense). Held in memory: 4 x 384 bytes a document (7.7 GB at 5
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from sira.core.dense import DenseIndex, RunHits
 from sira.core.defaults import QUERY_BATCH, SEARCH_K
+
+
+# Query vectors by text, shared by the retrievers of a process: `sira run` asks dense, hybrid and sira+dense for
+# the same queries (arguana's 1,406 long ones: 95 s of encoding each time). Bounded: cleared when full.
+_QUERY_VECTORS: dict[tuple[int, str], np.ndarray] = {}
+QUERY_VECTOR_CACHE = 200_000
+
+
+def query_vectors(encoder, texts: Sequence[str]) -> np.ndarray:
+    """The encoder's vectors of `texts`, the ones asked before from the cache."""
+    missing = list(dict.fromkeys(t for t in texts if (id(encoder), t) not in _QUERY_VECTORS))
+    if len(_QUERY_VECTORS) + len(missing) > QUERY_VECTOR_CACHE:
+        _QUERY_VECTORS.clear()
+        missing = list(dict.fromkeys(texts))
+    for text, vector in zip(missing, encoder.encode(missing) if missing else ()):
+        _QUERY_VECTORS[(id(encoder), text)] = vector
+    return np.stack([_QUERY_VECTORS[(id(encoder), t)] for t in texts]) if texts else np.zeros((0, encoder.dim),
+                                                                                             np.float32)
 
 
 @dataclass
@@ -24,7 +44,7 @@ class DenseRetriever:
         qids, texts, out = list(queries), list(queries.values()), {}
         for start in range(0, len(qids), self.batch_size):
             batch = qids[start:start + self.batch_size]
-            vectors = self.encoder.encode(texts[start:start + self.batch_size])
+            vectors = query_vectors(self.encoder, texts[start:start + self.batch_size])
             hits = self.index.search(vectors, self.k, exclude=batch if self.exclude_self else None)
             out.update({q: dict(h) for q, h in zip(batch, hits)})
             on_batch(batch)
