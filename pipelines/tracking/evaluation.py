@@ -98,6 +98,7 @@ def open_variant(cfg: EvalConfig, warehouse: str, manifest: dict | None, queries
     from sira.pipelines.index.freshness import ensure_index
     from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
 
+    given = manifest is not None
     if manifest is None:
         manifest = ensure_index(cfg.dataset, warehouse, cfg.preset, cfg.shards, cfg.spark_master,
                                 enriched=cfg.enriched, tau=cfg.tau, doc_backend=cfg.doc_backend, task=cfg.task,
@@ -113,7 +114,8 @@ def open_variant(cfg: EvalConfig, warehouse: str, manifest: dict | None, queries
         from sira.pipelines.enrichment.embeddings import embed_documents
         from sira.pipelines.serving.dense_retriever import open_dense
 
-        embed_documents(warehouse, console.log, progress_bar, ray_address=cfg.ray_address)
+        if not given:  # a composite job that hands over the index has embedded in a stage of its own
+            embed_documents(warehouse, console.log, progress_bar, ray_address=cfg.ray_address)
         dense = open_dense(warehouse, manifest, cfg.depth, exclude_self=queries_are_documents)
     return retriever, dense, manifest
 
