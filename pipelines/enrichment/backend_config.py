@@ -69,9 +69,7 @@ class BackendConfig(BaseModel):
     def model_id(self) -> str:
         """The model name recorded in the enrichment key."""
         if self.backend == "encoder":
-            from sira.pipelines.enrichment.encoder import ENCODER_NAME
-
-            return f"encoder:{ENCODER_NAME}"
+            return f"encoder:{self.encoder.model}"
         if self.model:
             return self.model
         if self.backend == "local":
@@ -92,9 +90,7 @@ class BackendConfig(BaseModel):
     def proposal_version(self, template_version: str) -> str:
         """What keys a proposal besides the model: the prompt's version, or the encoder settings' hash."""
         if self.backend == "encoder":
-            from sira.pipelines.enrichment.encoder import ENCODER_NAME
-
-            return self.encoder.version(ENCODER_NAME)
+            return self.encoder.version()
         if self.backend == "local":  # the worked examples the local backend adds are part of its prompt
             return f"{template_version}-{layout_version()}"
         return template_version

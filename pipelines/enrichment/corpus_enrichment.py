@@ -73,7 +73,7 @@ def enrich_corpus(cfg: EnrichConfig, log: Callable[[str], None], progress: Progr
             from sira.pipelines.enrichment.embeddings import keep_vectors
 
             vocabulary, analyzer_json = encoder_vocabulary(cfg.warehouse, cfg.backend, cfg.preset, log)
-            keep = keep_vectors(cfg.warehouse, cfg.backend.encoder.max_tokens) if cfg.embeddings else keep
+            keep = keep_vectors(cfg.warehouse, cfg.backend.encoder.max_tokens, cfg.backend.encoder.model) if cfg.embeddings else keep
         init_ray(cfg.ray_address)
         with progress("enrich", todo.num_rows, "docs") as advance:
             counters = enrich(cfg.warehouse, todo, template, cfg.backend, cfg.max_n, cfg.commit_every, advance,

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from sira.core import tables
 from sira.core.analysis import index_text
-from sira.core.proposers import EncoderProposerConfig
+from sira.core.proposers import DEFAULT_ENCODER, EncoderProposerConfig
 from sira.pipelines.storage.delta_io import read_table, table_exists, write_table
 
 # The encoder's input length for documents: the proposer's, so its enrichment's vectors are the dense variants'.
@@ -29,11 +29,9 @@ EMBED_BATCH = 64  # documents per Ray Data batch of the embedding stage
 EMBED_COMMIT_EVERY = 10_000
 
 
-def encoder_id(max_tokens: int = DOCUMENT_MAX_TOKENS) -> str:
+def encoder_id(max_tokens: int = DOCUMENT_MAX_TOKENS, model: str = DEFAULT_ENCODER) -> str:
     """The `encoder` column: the model and its input length (a vector depends on both)."""
-    from sira.pipelines.enrichment.encoder import ENCODER_NAME
-
-    return f"{ENCODER_NAME}@{max_tokens}"
+    return f"{model}@{max_tokens}"
 
 
 def embedding_rows(doc_ids: pa.Array, content_hashes: pa.Array, vectors: pa.Array, encoder: str) -> pa.Table:
@@ -51,11 +49,12 @@ def append_embeddings(warehouse: str, rows: pa.Table) -> None:
         write_table(tables.table_uri(warehouse, tables.DOC_EMBEDDINGS), rows, mode="append")
 
 
-def keep_vectors(warehouse: str, max_tokens: int = DOCUMENT_MAX_TOKENS) -> Callable[[pa.Table], None]:
+def keep_vectors(warehouse: str, max_tokens: int = DOCUMENT_MAX_TOKENS,
+                 model: str = DEFAULT_ENCODER) -> Callable[[pa.Table], None]:
     """For the encoder's enrichment: after each committed chunk, its documents' vectors (the `embedding` column its
     stage hands on) are appended. A job killed between the two commits leaves vectors missing (embed_documents
     makes them), never a key twice."""
-    encoder = encoder_id(max_tokens)
+    encoder = encoder_id(max_tokens, model)
 
     def append(chunk: pa.Table) -> None:
         if "embedding" in chunk.column_names:
@@ -74,10 +73,10 @@ def embedded_keys(warehouse: str, encoder: str) -> pa.Table | None:
 class EmbedActor:
     """Ray Data actor: docs batches (doc_id, title, text, content_hash) -> (doc_id, content_hash, embedding)."""
 
-    def __init__(self, max_tokens: int):
+    def __init__(self, max_tokens: int, model: str = DEFAULT_ENCODER):
         from sira.pipelines.enrichment.encoder_proposer import shared_encoder
 
-        self.encoder = shared_encoder(max_tokens)
+        self.encoder = shared_encoder(max_tokens, model)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = [index_text(t, x) for t, x in zip(batch["title"].to_pylist(), batch["text"].to_pylist())]
@@ -89,11 +88,12 @@ class EmbedActor:
 
 
 def embed_documents(warehouse: str, log: Callable[[str], None], progress, max_tokens: int = DOCUMENT_MAX_TOKENS,
-                    ray_address: str | None = None, commit_every: int = EMBED_COMMIT_EVERY) -> dict:
+                    ray_address: str | None = None, commit_every: int = EMBED_COMMIT_EVERY,
+                    model: str = DEFAULT_ENCODER) -> dict:
     """Embed the current documents that have no vector from this encoder yet; returns counters."""
     from sira.pipelines.enrichment.ray_enrich import docs_todo, in_chunks, init_ray, input_dataset
 
-    encoder = encoder_id(max_tokens)
+    encoder = encoder_id(max_tokens, model)
     todo, done = docs_todo(warehouse, embedded_keys(warehouse, encoder))
     log(f"embeddings: {todo.num_rows} documents to embed, {done} embedded ({encoder})")
     started, embedded, commits = time.perf_counter(), 0, 0
@@ -105,7 +105,7 @@ def embed_documents(warehouse: str, log: Callable[[str], None], progress, max_to
         actors = max(1, int(ray.cluster_resources().get("CPU", 1)))
         # Fractional CPUs: whole-CPU actors starve the read tasks on small machines (and deadlock them on 2 cores).
         ds = input_dataset(todo, EMBED_BATCH).map_batches(
-            EmbedActor, fn_constructor_args=(max_tokens,), batch_size=EMBED_BATCH, batch_format="pyarrow",
+            EmbedActor, fn_constructor_args=(max_tokens, model), batch_size=EMBED_BATCH, batch_format="pyarrow",
             compute=ActorPoolStrategy(size=actors), num_cpus=0.5)
         blocks = ds.iter_batches(batch_size=None, batch_format="pyarrow")
         with progress("embed", todo.num_rows, "docs") as advance:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import math
 
@@ -87,53 +87,88 @@ def _masked_softmax(scores: np.ndarray, lengths: np.ndarray) -> None:
                     row[kj] = 0.0
 
 
-class MiniLMEncoder:
-    """texts -> unit vectors (float32, 384). Thread-safe for reading; keep one per process."""
+def token_batches(tokenizer, texts: Sequence[str], batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(row indices into `texts`, token ids, mask) per forward batch. Sorting by length keeps padding small inside
+    each batch."""
+    encodings = tokenizer.encode_batch(list(texts))
+    order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(encodings[i].ids) for i in idx)
+        ids = np.zeros((len(idx), width), dtype=np.int64)
+        mask = np.zeros((len(idx), width), dtype=np.float32)
+        for row, i in enumerate(idx):
+            n = len(encodings[i].ids)
+            ids[row, :n] = encodings[i].ids
+            mask[row, :n] = 1.0
+        yield idx, ids, mask
 
-    def __init__(self, model_dir: str | Path | None = None, max_tokens: int = 256, batch_size: int = FORWARD_BATCH):
-        from safetensors.numpy import load_file
+
+class BertForward:
+    """A BERT encoder's weights (safetensors) and tokenizer, and its forward pass to the last hidden states.
+    The sentence encoder below and the SPLADE proposer (sira.pipelines.enrichment.splade) read the same layers."""
+
+    def __init__(self, weights: dict[str, np.ndarray], config: dict, tokenizer_file: Path, max_tokens: int,
+                 batch_size: int = FORWARD_BATCH):
+        """`weights` named as in a Hugging Face BertModel (no `bert.` prefix), linear layers as (in, out)."""
         from tokenizers import Tokenizer
 
-        model_dir = Path(model_dir) if model_dir else packaged_model_dir()
-        config = json.loads((model_dir / "config.json").read_text())
         self.num_layers = int(config["num_hidden_layers"])
         self.num_heads = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.max_tokens = max_tokens
         self.batch_size = batch_size
-        w = load_file(str(model_dir / "model.safetensors"))
-        self.w = {k.removeprefix("bert."): v.astype(np.float32) for k, v in w.items()}
-        # Linear layers as (in, out) once, so the forward pass is x @ W.
-        for k in list(self.w):
-            if k.endswith(".weight") and self.w[k].ndim == 2 and "embeddings" not in k:
-                self.w[k] = np.ascontiguousarray(self.w[k].T)
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.tokenizer.no_padding()  # the packaged tokenizer.json pads to 128; batches pad themselves
+        self.w = weights
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer.no_padding()  # packaged tokenizer.json files may pad to a fixed width; batches pad themselves
         self.tokenizer.enable_truncation(max_length=max_tokens)
         self.dim = self.w["embeddings.word_embeddings.weight"].shape[1]
 
-    def encode(self, texts: Sequence[str], on_progress: Callable[[int], None] = lambda n: None) -> np.ndarray:
-        """Unit vectors of `texts`; `on_progress` gets the size of each batch as it is done."""
-        if not len(texts):
-            return np.zeros((0, self.dim), dtype=np.float32)
-        # Sorting by length keeps padding small inside each batch.
-        encodings = self.tokenizer.encode_batch(list(texts))
-        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            width = max(len(encodings[i].ids) for i in idx)
-            ids = np.zeros((len(idx), width), dtype=np.int64)
-            mask = np.zeros((len(idx), width), dtype=np.float32)
-            for row, i in enumerate(idx):
-                n = len(encodings[i].ids)
-                ids[row, :n] = encodings[i].ids
-                mask[row, :n] = 1.0
-            out[idx] = self._forward(ids, mask)
-            on_progress(len(idx))
-        return out
+    @classmethod
+    def from_safetensors(cls, model_dir: Path, max_tokens: int, batch_size: int = FORWARD_BATCH) -> "BertForward":
+        """A Hugging Face folder: config.json, model.safetensors (PyTorch layout), tokenizer.json."""
+        from safetensors.numpy import load_file
 
-    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        w = {_weight_name(k): v.astype(np.float32) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+        # PyTorch stores a linear layer as (out, in): transposed once, so the forward pass is x @ W.
+        for k in list(w):
+            if k.endswith(".weight") and w[k].ndim == 2 and "embeddings" not in k:
+                w[k] = np.ascontiguousarray(w[k].T)
+        return cls(w, json.loads((model_dir / "config.json").read_text()), model_dir / "tokenizer.json", max_tokens,
+                   batch_size)
+
+    @classmethod
+    def from_onnx(cls, onnx_file: Path, tokenizer_file: Path, config: dict, max_tokens: int,
+                  batch_size: int = FORWARD_BATCH) -> "BertForward":
+        """A BertModel exported to ONNX by torch (as Hugging Face's exporters do): named initializers for the
+        embeddings, biases and LayerNorms; each linear layer's weight is the constant input of a MatMul node named
+        after its module (`/encoder/layer.3/attention/self/query/MatMul`), already (in, out)."""
+        import onnx
+        from onnx import numpy_helper
+
+        graph = onnx.load(str(onnx_file)).graph
+        inits = {t.name: t for t in graph.initializer}
+        w = {_weight_name(name): numpy_helper.to_array(t).astype(np.float32) for name, t in inits.items()
+             if not name.startswith("onnx::")}
+        for node in graph.node:
+            const = [i for i in node.input if i in inits]
+            if node.op_type == "MatMul" and const and node.name.startswith("/encoder/layer."):
+                module = node.name.strip("/").removesuffix("/MatMul").replace("/", ".")
+                w[module + ".weight"] = np.ascontiguousarray(numpy_helper.to_array(inits[const[0]]).astype(np.float32))
+        want = [f"encoder.layer.{i}.{m}.weight" for i in range(int(config["num_hidden_layers"]))
+                for m in ("attention.self.query", "attention.self.key", "attention.self.value",
+                          "attention.output.dense", "intermediate.dense", "output.dense")]
+        missing = [k for k in want if k not in w]
+        if missing:
+            raise RuntimeError(f"{onnx_file}: no MatMul weight for {len(missing)} linear layers ({missing[:3]}...): "
+                               f"not a BERT export this reader knows")
+        return cls(w, config, tokenizer_file, max_tokens, batch_size)
+
+    def batches(self, texts: Sequence[str]) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        return token_batches(self.tokenizer, texts, self.batch_size)
+
+    def hidden(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The last layer's hidden states, (batch, tokens, dim); rows past a text's length are padding."""
         w, (b, n) = self.w, ids.shape
         lengths = mask.sum(1).astype(np.int64)
         x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n]
@@ -159,6 +194,51 @@ class MiniLMEncoder:
             inter = _gelu(proj("intermediate.dense", x))
             x = _layer_norm(x + proj("output.dense", inter), w[p + "output.LayerNorm.weight"],
                             w[p + "output.LayerNorm.bias"], self.eps)
-        x = x.reshape(b, n, -1)
-        pooled = (x * mask[..., None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
-        return (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+        return x.reshape(b, n, -1)
+
+
+def _weight_name(key: str) -> str:
+    """One spelling for every export: no `bert.` prefix, LayerNorm's `gamma`/`beta` as `weight`/`bias`."""
+    key = key.removeprefix("bert.")
+    if ".LayerNorm." in key:
+        key = key.replace(".gamma", ".weight").replace(".beta", ".bias")
+    return key
+
+
+class SentenceEncoder:
+    """texts -> unit vectors (float32, dim): a BERT's last hidden states pooled (mean over tokens, or the [CLS]
+    token's) and L2-normalised. Thread-safe for reading; keep one per process."""
+
+    def __init__(self, bert: BertForward, name: str, pooling: str, query_prefix: str = ""):
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling {pooling!r}: mean or cls")
+        self.bert, self.name, self.pooling, self.query_prefix = bert, name, pooling, query_prefix
+        self.tokenizer, self.dim, self.max_tokens = bert.tokenizer, bert.dim, bert.max_tokens
+
+    def encode(self, texts: Sequence[str], on_progress: Callable[[int], None] = lambda n: None) -> np.ndarray:
+        """Unit vectors of `texts`; `on_progress` gets the size of each batch as it is done."""
+        if not len(texts):
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for idx, ids, mask in self.bert.batches(texts):
+            x = self.bert.hidden(ids, mask)
+            if self.pooling == "cls":
+                pooled = x[:, 0]
+            else:
+                pooled = (x * mask[..., None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
+            out[idx] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            on_progress(len(idx))
+        return out
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of search queries: with the instruction the model was trained to read before one (if any)."""
+        return self.encode([self.query_prefix + t for t in texts])
+
+
+class MiniLMEncoder(SentenceEncoder):
+    """all-MiniLM-L6-v2 from its PyPI wheel (384 dims, mean pooling)."""
+
+    def __init__(self, model_dir: str | Path | None = None, max_tokens: int = 256, batch_size: int = FORWARD_BATCH):
+        bert = BertForward.from_safetensors(Path(model_dir) if model_dir else packaged_model_dir(), max_tokens,
+                                            batch_size)
+        super().__init__(bert, ENCODER_NAME, "mean")

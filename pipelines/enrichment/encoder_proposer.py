@@ -19,32 +19,40 @@ import pyarrow.compute as pc
 
 from sira.pipelines.tracking.console import progress_bar
 from sira.pipelines.storage.delta_io import read_table, table_exists, write_table
-from sira.pipelines.enrichment.encoder import ENCODER_NAME, MiniLMEncoder
+from sira.pipelines.enrichment.encoder import SentenceEncoder
 from sira.pipelines.serving.shard_loader import read_term_stats
 from sira.core import tables
 from sira.core.analysis import Analyzer, AnalyzerConfig, index_text
-from sira.core.proposers import (EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
+from sira.core.proposers import (DEFAULT_ENCODER, EncoderProposerConfig, Proposal, Vocabulary, held_terms, nearest_entries,
                                  surface_forms, vocabulary_entries)
 
 if TYPE_CHECKING:
     from ray import ObjectRef
 
-PROPOSER_NAME = f"encoder:{ENCODER_NAME}"
 STAGE_BATCH = 64  # texts per Ray Data batch of the encoder stage
 
-_ENCODERS: dict[int, MiniLMEncoder] = {}
+_ENCODERS: dict[tuple[str, int], SentenceEncoder] = {}
 
 
-def shared_encoder(max_tokens: int = 256) -> MiniLMEncoder:
-    """One encoder per process and input length (the weights are 90 MB)."""
-    if max_tokens not in _ENCODERS:
-        _ENCODERS[max_tokens] = MiniLMEncoder(max_tokens=max_tokens)
-    return _ENCODERS[max_tokens]
+def shared_encoder(max_tokens: int = 256, model: str = DEFAULT_ENCODER) -> SentenceEncoder:
+    """One encoder per process, model and input length (the weights are 90 to 130 MB)."""
+    if (model, max_tokens) not in _ENCODERS:
+        if model == DEFAULT_ENCODER:
+            from sira.pipelines.enrichment.encoder import MiniLMEncoder
+
+            _ENCODERS[model, max_tokens] = MiniLMEncoder(max_tokens=max_tokens)
+        elif model == "bge-small-en-v1.5":
+            from sira.pipelines.enrichment.onnx_bert import bge_small_encoder
+
+            _ENCODERS[model, max_tokens] = bge_small_encoder(max_tokens)
+        else:
+            raise ValueError(f"no embedded encoder {model!r}: all-MiniLM-L6-v2 or bge-small-en-v1.5")
+    return _ENCODERS[model, max_tokens]
 
 
 def vocabulary_key(cfg: EncoderProposerConfig) -> str:
     """What decides the vocabulary's membership (not the proposals' count or threshold)."""
-    blob = json.dumps({"encoder": ENCODER_NAME, "entries": cfg.entries, "tau": cfg.vocabulary_tau,
+    blob = json.dumps({"encoder": cfg.model, "entries": cfg.entries, "tau": cfg.vocabulary_tau,
                        "min_bigram_df": cfg.min_bigram_df}, sort_keys=True)
     return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
 
@@ -72,17 +80,17 @@ def load_vocabulary(
     forms = surface_forms(texts, analyzer, bigrams=cfg.entries == "bigram")
     entries = vocabulary_entries(term_dfs, forms, int(manifest["num_docs"]), cfg)
     surfaces = [e.surface for e in entries]
-    known = _known_vectors(uri, surfaces)
+    known = _known_vectors(uri, surfaces, cfg.model)
     todo = sorted({s for s in surfaces if s not in known})
     log(f"vocabulary v{version}: {len(entries)} entries, {len(todo)} to encode ({len(known)} cached)")
     if todo:
         with progress_bar(f"vocabulary v{version}", total=len(todo), unit="entries") as advance:
-            vectors = shared_encoder(cfg.max_tokens).encode(todo, on_progress=advance)
+            vectors = shared_encoder(cfg.max_tokens, cfg.model).encode(todo, on_progress=advance)
         known.update(zip(todo, vectors))
     rows = pa.Table.from_pydict({
         "index_version": [version] * len(entries),
         "vocabulary_key": [key] * len(entries),
-        "encoder": [ENCODER_NAME] * len(entries),
+        "encoder": [cfg.model] * len(entries),
         "term": [e.term for e in entries],
         "surface": surfaces,
         "df": [e.df for e in entries],
@@ -96,11 +104,11 @@ def load_vocabulary(
     return _as_vocabulary(rows)
 
 
-def _known_vectors(uri: str, surfaces: Sequence[str]) -> dict[str, np.ndarray]:
+def _known_vectors(uri: str, surfaces: Sequence[str], model: str) -> dict[str, np.ndarray]:
     if not surfaces or not table_exists(uri):
         return {}
     t = read_table(uri, columns=["encoder", "surface", "embedding"])
-    t = t.filter(pc.and_(pc.equal(t["encoder"], ENCODER_NAME), pc.is_in(t["surface"], pa.array(list(surfaces), pa.string()))))
+    t = t.filter(pc.and_(pc.equal(t["encoder"], model), pc.is_in(t["surface"], pa.array(list(surfaces), pa.string()))))
     return {s: np.asarray(v, dtype=np.float32) for s, v in zip(t["surface"].to_pylist(), t["embedding"].to_pylist())}
 
 
@@ -119,10 +127,10 @@ class EncoderProposer:
     """A TermProposer: texts -> the nearest vocabulary entries each text lacks."""
 
     def __init__(self, vocabulary: Vocabulary, cfg: EncoderProposerConfig, analyzer: Analyzer):
-        self.name = PROPOSER_NAME
-        self.version = cfg.version(ENCODER_NAME)
+        self.name = f"encoder:{cfg.model}"
+        self.version = cfg.version()
         self.cfg, self.vocabulary, self.analyzer = cfg, vocabulary, analyzer
-        self.encoder = shared_encoder(cfg.max_tokens)
+        self.encoder = shared_encoder(cfg.max_tokens, cfg.model)
 
     def propose(self, texts: Sequence[str]) -> list[Proposal]:
         return self.propose_with_vectors(texts)[0]

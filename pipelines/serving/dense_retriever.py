@@ -11,6 +11,7 @@ import numpy as np
 
 from sira.core.dense import DenseIndex, RunHits
 from sira.core.defaults import QUERY_BATCH, SEARCH_K
+from sira.core.proposers import DEFAULT_ENCODER
 
 
 # Query vectors by text, shared by the retrievers of a process: `sira run` asks dense, hybrid and sira+dense for
@@ -25,7 +26,7 @@ def query_vectors(encoder, texts: Sequence[str]) -> np.ndarray:
     if len(_QUERY_VECTORS) + len(missing) > QUERY_VECTOR_CACHE:
         _QUERY_VECTORS.clear()
         missing = list(dict.fromkeys(texts))
-    for text, vector in zip(missing, encoder.encode(missing) if missing else ()):
+    for text, vector in zip(missing, encoder.encode_queries(missing) if missing else ()):
         _QUERY_VECTORS[(id(encoder), text)] = vector
     return np.stack([_QUERY_VECTORS[(id(encoder), t)] for t in texts]) if texts else np.zeros((0, encoder.dim),
                                                                                              np.float32)
@@ -34,7 +35,7 @@ def query_vectors(encoder, texts: Sequence[str]) -> np.ndarray:
 @dataclass
 class DenseRetriever:
     index: DenseIndex
-    encoder: object  # MiniLMEncoder: texts -> unit vectors
+    encoder: object  # SentenceEncoder: texts -> unit vectors
     k: int = SEARCH_K
     exclude_self: bool = False  # a query's own id is never one of its hits
     batch_size: int = QUERY_BATCH  # queries encoded and scored together
@@ -51,10 +52,13 @@ class DenseRetriever:
         return out
 
 
-def open_dense(warehouse: str, manifest: dict, k: int = SEARCH_K, exclude_self: bool = False) -> DenseRetriever:
-    """A DenseRetriever over the documents of `manifest`'s docs table version (every one must have a vector)."""
+def open_dense(warehouse: str, manifest: dict, k: int = SEARCH_K, exclude_self: bool = False,
+               model: str = DEFAULT_ENCODER) -> DenseRetriever:
+    """A DenseRetriever over the documents of `manifest`'s docs table version (every one must have a vector from
+    `model`)."""
     from sira.pipelines.enrichment.embeddings import DOCUMENT_MAX_TOKENS, encoder_id, load_vectors
     from sira.pipelines.enrichment.encoder_proposer import shared_encoder
 
-    doc_ids, vectors = load_vectors(warehouse, int(manifest["docs_table_version"]), encoder_id(DOCUMENT_MAX_TOKENS))
-    return DenseRetriever(DenseIndex(doc_ids, vectors), shared_encoder(DOCUMENT_MAX_TOKENS), k, exclude_self)
+    doc_ids, vectors = load_vectors(warehouse, int(manifest["docs_table_version"]),
+                                    encoder_id(DOCUMENT_MAX_TOKENS, model))
+    return DenseRetriever(DenseIndex(doc_ids, vectors), shared_encoder(DOCUMENT_MAX_TOKENS, model), k, exclude_self)

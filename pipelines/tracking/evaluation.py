@@ -57,6 +57,11 @@ class EvalConfig(EvaluationParams):
         return variant(self.variant).dense
 
     @property
+    def dense_encoder(self) -> str:
+        """The encoder of the dense variants: the corpus-side encoder proposer's (its enrichment keeps them)."""
+        return (self.doc_backend or self.backend).encoder.model
+
+    @property
     def enriched(self) -> bool:
         return variant(self.variant).enriched_index
 
@@ -115,8 +120,9 @@ def open_variant(cfg: EvalConfig, warehouse: str, manifest: dict | None, queries
         from sira.pipelines.serving.dense_retriever import open_dense
 
         if not given:  # a composite job that hands over the index has embedded in a stage of its own
-            embed_documents(warehouse, console.log, progress_bar, ray_address=cfg.ray_address)
-        dense = open_dense(warehouse, manifest, cfg.depth, exclude_self=queries_are_documents)
+            embed_documents(warehouse, console.log, progress_bar, ray_address=cfg.ray_address,
+                            model=cfg.dense_encoder)
+        dense = open_dense(warehouse, manifest, cfg.depth, exclude_self=queries_are_documents, model=cfg.dense_encoder)
     return retriever, dense, manifest
 
 
@@ -178,15 +184,19 @@ def split_metrics(dataset, split: str, qrels: dict, warehouse: str, run_hits: di
 
 
 def run_name(dataset_name: str, split: str, preset: str, variant: str, enriched_version: int | None,
-             query_model: str | None) -> str:
+             query_model: str | None, dense_encoder: str | None = None) -> str:
     """dataset-split-preset-variant, then what made the run differ from its peers: the enriched index version (the
-    corpus-side proposer is part of it) and the query-side model, so runs of two proposers do not overwrite each
-    other."""
+    corpus-side proposer is part of it), the query-side model and a dense variant's encoder (unless the default),
+    so runs of two proposers or encoders do not overwrite each other."""
+    from sira.core.proposers import DEFAULT_ENCODER
+
     parts = [dataset_name, split, preset, variant]
     if enriched_version is not None:
         parts.append(f"index{enriched_version}")
     if query_model is not None:
         parts.append(re.sub(r"[^A-Za-z0-9._-]+", "_", query_model))
+    if dense_encoder and dense_encoder != DEFAULT_ENCODER and dense_encoder not in (query_model or ""):
+        parts.append(dense_encoder)
     return "-".join(parts)
 
 

@@ -102,4 +102,4 @@ def _docs_to_embed(cfg, warehouse: str, docs_version: int | None) -> int:
 
     if docs_version is None:
         return _corpus_size(cfg.dataset)
-    return docs_todo(warehouse, embedded_keys(warehouse, encoder_id()))[0].num_rows
+    return docs_todo(warehouse, embedded_keys(warehouse, encoder_id(model=cfg.corpus_backend.encoder.model)))[0].num_rows
