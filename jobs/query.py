@@ -37,7 +37,8 @@ def run(cfg: QueryConfig) -> dict:
             "skipped": before[0], "rejected": counts["rejected"], "index_version": manifest["index_version"],
             "run_file": str(cfg.out), "parquet_file": str(cfg.parquet_path), "hits": counts["hits"],
             "expansion": state.expansion or None, "seconds": time.perf_counter() - started,
-            "seconds_by_part": {k: round(v, 3) for k, v in parts.items()}}
+            "seconds_by_part": {k: round(v, 3) for k, v in parts.items()},
+            "shard_nodes": len(set(getattr(retriever.path.scorer, "nodes", ()))) or 1}
 
 
 def _retriever(cfg: QueryConfig, manifest: dict):

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,7 +40,8 @@ pytestmark = pytest.mark.integration
 
 SPARK_CLASS = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 RAY = str(Path(sys.executable).parent / "ray")
-LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+ENABLE_CLUSTER = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK_RAY = {ENABLE_CLUSTER: "0"}
 MODEL = "fake-model"
 INPUT_TABLES = {"docs", "rejected"}
 START_TIMEOUT_S = 180
@@ -215,30 +216,48 @@ def test_a_job_s_ray_is_the_flag_then_ray_address_then_a_ray_of_its_own(monkeypa
     assert ray_address("10.0.0.5:6379") == "10.0.0.5:6379"
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    """`ray start --head` on 127.0.0.1 with token authentication and a token of its own (never the machine's
-    ~/.ray/auth_token). Its temp dir (RAY_TMPDIR) is private and short: Ray's Unix sockets live under it. Its workers
-    get this process's environment, so they import sira as the tests do. Clients attach the documented way:
-    RAY_AUTH_MODE=token and the token in RAY_AUTH_TOKEN."""
+@contextmanager
+def ray_cluster(nodes: int = 1):
+    """`ray start --head` on loopback with token authentication and a token of its own (never the machine's
+    ~/.ray/auth_token), and `nodes - 1` more `ray start` nodes joined to it. Its temp dir (RAY_TMPDIR) is private
+    and short: Ray's Unix sockets live under it. Its workers get this process's environment, so they import sira as
+    the tests do. Clients attach the documented way: RAY_AUTH_MODE=token and the token in RAY_AUTH_TOKEN.
+
+    One node binds 127.0.0.1 alone (LOOPBACK_RAY turns Ray's multi-node mode off). Several need that mode, whose
+    GCS listens on every interface (the token guards it), and an address other than 127.0.0.1: a joining node
+    replaces 127.0.0.1 with the machine's own address, which the head does not advertise; 127.0.0.2 is loopback
+    too."""
     root = Path(tempfile.mkdtemp(prefix="sira-ray-", dir="/tmp"))
     token = secrets.token_hex(32)
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    port, agent_port = free_ports(2)
-    log = root / "head.log"
-    head = start_daemon([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                         "--num-cpus", "2", "--object-store-memory", str(256 * 1024**2), "--include-dashboard",
-                         "false", "--dashboard-agent-listen-port", str(agent_port), "--disable-usage-stats"],
-                        {**JOB_ENV, **LOOPBACK_RAY, **auth, "RAY_TMPDIR": str(root)}, log)
+    ip, mode = ("127.0.0.1", LOOPBACK_RAY) if nodes == 1 else ("127.0.0.2", {ENABLE_CLUSTER: "1"})
+    env = {**JOB_ENV, **mode, **auth, "RAY_TMPDIR": str(root)}
+    port, *agent_ports = free_ports(1 + nodes)
+    common = ["--node-ip-address", ip, "--num-cpus", "2", "--object-store-memory", str(256 * 1024**2),
+              "--disable-usage-stats"]
+    started = []
     try:
-        assert head.wait(timeout=START_TIMEOUT_S) == 0, log.read_text()
-        yield SimpleNamespace(address=f"127.0.0.1:{port}", root=root,
-                              session=(root / "ray" / "session_latest").resolve(),
-                              client_env={**JOB_ENV, **LOOPBACK_RAY, **auth})
+        for n, agent_port in enumerate(agent_ports):
+            log = root / f"node{n}.log"
+            role = ["--head", "--port", str(port), "--include-dashboard", "false"] if n == 0 else \
+                ["--address", f"{ip}:{port}"]
+            started.append(start_daemon([RAY, "start", *role, *common, "--dashboard-agent-listen-port",
+                                         str(agent_port)], env, log))
+            assert started[-1].wait(timeout=START_TIMEOUT_S) == 0, log.read_text()
+        yield SimpleNamespace(address=f"{ip}:{port}", root=root, session=(root / "ray" / "session_latest").resolve(),
+                              client_env={**JOB_ENV, **mode, **auth})
     finally:
-        # `ray stop`'s order: the raylet first, the GCS last (it outlives a SIGTERM while its clients are up).
-        stop_session(head.pid, first=("raylet",), last=("gcs_server",))
+        # `ray stop`'s order, the joined nodes first: the raylet first, the GCS last (it outlives a SIGTERM while
+        # its clients are up).
+        for daemon in reversed(started):
+            stop_session(daemon.pid, first=("raylet",), last=("gcs_server",))
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    with ray_cluster() as head:
+        yield head
 
 
 def drivers_of(session: Path) -> set[int]:
@@ -301,3 +320,25 @@ def test_query_attaches_to_a_ray_head_by_address_and_ignores_a_dead_cluster(ray_
     assert table_rows(on_head, "expansions", drop=("latency_ms",)) == \
         table_rows(local, "expansions", drop=("latency_ms",))
     assert (tmp_path / "head" / "run.trec").read_text() == (tmp_path / "local" / "run.trec").read_text()
+
+
+def test_query_on_a_two_node_ray_cluster_spreads_the_shards_and_writes_the_local_run(tmp_path, tiny_beir, tiny_warehouse):
+    on_cluster, local = str(tmp_path / "cluster" / "wh"), str(tmp_path / "local" / "wh")
+    shutil.copytree(tiny_warehouse, on_cluster)
+    shutil.copytree(tiny_warehouse, local)
+    queries = str(tiny_beir / "queries.jsonl.gz")
+
+    def query(where: str, *extra: str) -> list[str]:
+        return ["query", "--warehouse", str(tmp_path / where / "wh"), "--queries", queries, "--out",
+                str(tmp_path / where / "run.trec"), "--output-json", str(tmp_path / where / "summary.json"), *extra]
+
+    with ray_cluster(nodes=2) as cluster:
+        run_job(query("cluster", "--ray-address", cluster.address), cluster.client_env, tmp_path / "cluster.log")
+    run_job(query("local", "--scorer", "local"), {**JOB_ENV, **LOOPBACK_RAY}, tmp_path / "local.log")
+
+    summary = json.loads((tmp_path / "cluster" / "summary.json").read_text())
+    assert summary["shard_nodes"] == 2  # the newest index's 3 shards, spread over both nodes
+    assert json.loads((tmp_path / "local" / "summary.json").read_text())["shard_nodes"] == 1
+    cluster_run = (tmp_path / "cluster" / "run.trec").read_bytes()
+    assert cluster_run and cluster_run == (tmp_path / "local" / "run.trec").read_bytes()
+    assert table_rows(on_cluster, "runs") == table_rows(local, "runs")

@@ -53,6 +53,9 @@ class ShardActor:
     def num_docs(self, version: int | None = None) -> int:
         return self._shard(version).num_docs
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def top_k(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
               exclude_doc_ids: Sequence[Iterable[str]] | None = None, version: int | None = None) -> RankedBatch:
         """Each query's hits on this shard alone, best first, as one batch (its doc ids taken at once)."""
@@ -98,6 +101,7 @@ class ShardActors:
     def __init__(self, actors: list, version: int | None = None):
         self.actors = actors
         self.version = version
+        self.nodes = ray.get([a.node_id.remote() for a in actors])  # the Ray node of each shard, in shard order
 
     def retrieve(self, queries: Sequence[WeightedQuery], k: int, constraints: Sequence[Constraint] | None = None,
                  exclude_doc_ids: Sequence[Iterable[str]] | None = None) -> RankedBatch:
@@ -112,7 +116,10 @@ class ShardActors:
 
 
 def start_shard_actors(warehouse: str, manifest: dict) -> list:
-    actors = [ShardActor.remote(warehouse, manifest, s) for s in range(manifest["num_shards"])]
+    # SPREAD: on a cluster the shards go to as many nodes as there are, so every node's cores and memory score
+    # (Ray's default packs them onto the fewest nodes that fit).
+    actors = [ShardActor.options(scheduling_strategy="SPREAD").remote(warehouse, manifest, s)
+              for s in range(manifest["num_shards"])]
     ray.get([a.num_docs.remote() for a in actors])  # fail here, not at the first query, if a shard is broken
     return actors
 
