@@ -49,10 +49,10 @@ TOP = 64  # SPLADE entries kept per document in the cache
 
 def cached_splade(encoder: SpladeEncoder, texts: list[str], path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     if path.exists():
-        z = np.load(path)
-        if len(z["offsets"]) == len(texts) + 1:
-            o = z["offsets"]
-            return [(z["ids"][o[i]:o[i + 1]], z["weights"][o[i]:o[i + 1]]) for i in range(len(texts))]
+        with np.load(path) as z:  # each z[name] reads the array from the file again: once each, here
+            o, ids, weights = z["offsets"], z["ids"], z["weights"]
+        if len(o) == len(texts) + 1:
+            return [(ids[o[i]:o[i + 1]], weights[o[i]:o[i + 1]]) for i in range(len(texts))]
     t = time.perf_counter()
     out = encoder.encode(texts, top=TOP)
     print(f"  SPLADE over {len(texts)} texts in {time.perf_counter() - t:.0f} s -> {path.name}", flush=True)
