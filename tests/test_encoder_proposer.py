@@ -94,9 +94,9 @@ def test_nearest_entries_contract():
 
 def test_config_version_changes_with_settings():
     a = EncoderProposerConfig()
-    assert a.version("m") == EncoderProposerConfig().version("m")
-    assert a.version("m") != EncoderProposerConfig(proposals=a.proposals + 1).version("m")
-    assert a.version("m") != a.version("other-encoder")
+    assert a.version() == EncoderProposerConfig().version()
+    assert a.version() != EncoderProposerConfig(proposals=a.proposals + 1).version()
+    assert a.version() != EncoderProposerConfig(model="bge-small-en-v1.5").version()
 
 
 # ------------------------------------------------------------------ through the jobs (Spark, Ray, Delta) ------------
