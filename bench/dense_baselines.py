@@ -26,7 +26,15 @@ def compare(summary: dict) -> dict:
     from sira.pipelines.tracking.runs import compare_run_files
 
     variants = summary["variants"]
-    out = {"dataset": summary["dataset"], "split": summary["split"],
+    # The encoder of the dense variants: the one the dense run is named after (the default's name is left out).
+    dense_file = Path(variants["dense"]["run_file"]).stem if "dense" in variants else ""
+    from typing import get_args
+
+    from sira.core.proposers import DEFAULT_ENCODER, EncoderProposerConfig
+
+    models = get_args(EncoderProposerConfig.model_fields["model"].annotation)
+    encoder = next((m for m in models if dense_file.endswith(m)), DEFAULT_ENCODER)
+    out = {"dataset": summary["dataset"], "split": summary["split"], "encoder": encoder,
            "ndcg@10": {v: variants[v]["metrics"]["ndcg@10"] for v in VARIANT_ORDER if v in variants}, "pairs": {}}
     for run, base in PAIRS:
         if run in variants and base in variants:
@@ -73,7 +81,8 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("nDCG@10")
     ax.set_ylim(0, max(v for r in rows for v in r["ndcg@10"].values()) * 1.2)
     ax.legend(ncol=len(VARIANT_ORDER), fontsize=7, loc="upper center")
-    ax.set_title("CPU default (encoder proposer, all-MiniLM-L6-v2 vectors): SIRA and the dense baselines")
+    encoders = sorted({r["encoder"] for r in rows})
+    ax.set_title(f"Encoder proposer and dense vectors: {', '.join(encoders)}. SIRA and the dense baselines")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
