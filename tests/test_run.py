@@ -54,6 +54,13 @@ def first_run(run_cfg, spark, enrich_calls):
         return run_job.run(run_cfg)
 
 
+def test_plan_prices_the_twelve_layer_encoder_above_the_default(run_cfg):
+    bge = run_cfg.model_copy(update={"backend": BackendConfig(backend="encoder", encoder=EncoderProposerConfig(
+        proposals=4, vocabulary_tau=0.5, model="bge-small-en-v1.5"))})
+    assert bge.corpus_backend.encoder.model == "bge-small-en-v1.5"
+    assert plan(bge, "tiny", bge.warehouse)[1] > plan(run_cfg, "tiny", run_cfg.warehouse)[1]
+
+
 def test_plan_of_an_empty_warehouse_names_every_stage(run_cfg):
     stages, seconds = plan(run_cfg, "tiny", run_cfg.warehouse)  # before first_run fills the warehouse
     assert stages[:2] == [f"ingest {run_cfg.dataset}", "index (plain)"]

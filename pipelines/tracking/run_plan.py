@@ -16,6 +16,8 @@ _QUERIES_PER_SECOND = {"encoder": 20.0, "local": 0.5, "openai": 5.0, "vllm": 50.
 # Documents embedded per second by the encoder alone (an actor per core): a guess above the enrichment's 9.5, which
 # also searches the vocabulary.
 _EMBEDDINGS_PER_SECOND = 12.0
+# The encoder's cost per text against all-MiniLM-L6-v2's, on one core (bench/results/dense_encoders_scifact.json).
+_ENCODER_COST = {"bge-small-en-v1.5": 1.47}
 
 
 def plan(cfg, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
@@ -45,9 +47,10 @@ def plan(cfg, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
             todo = docs_to_enrich(warehouse, backend.model_id(), version)[0].num_rows
         if todo:
             stages.append(f"enrich {todo} documents ({backend.backend})")
-            seconds += todo / _DOCS_PER_SECOND.get(backend.backend, 1.0)
-            if backend.backend == "encoder":
-                seconds += todo * _VOCABULARY_ENTRIES_PER_DOC / _VOCABULARY_ENTRIES_PER_SECOND  # a first vocabulary
+            cost = _ENCODER_COST.get(backend.encoder.model, 1.0) if backend.backend == "encoder" else 1.0
+            seconds += todo / _DOCS_PER_SECOND.get(backend.backend, 1.0) * cost
+            if backend.backend == "encoder":  # a first vocabulary
+                seconds += todo * _VOCABULARY_ENTRIES_PER_DOC / _VOCABULARY_ENTRIES_PER_SECOND * cost
         enriching = todo if backend.backend == "encoder" and backend.encoder.max_tokens == DOCUMENT_MAX_TOKENS else 0
         if todo or fresh_index(warehouse, cfg.preset, docs_version, cfg.tau, backend.model_id(), version)[0] is None:
             stages.append("index (enriched)")
@@ -57,7 +60,7 @@ def plan(cfg, dataset_name: str, warehouse: str) -> tuple[list[str], float]:
         if todo > 0:  # the rest come with the encoder's enrichment
             at = len(stages) - 1 if stages and stages[-1] == "index (enriched)" else len(stages)
             stages.insert(at, f"embed {todo} documents")
-            seconds += todo / _EMBEDDINGS_PER_SECOND
+            seconds += todo / _EMBEDDINGS_PER_SECOND * _ENCODER_COST.get(cfg.corpus_backend.encoder.model, 1.0)
     if needs_expanded_queries(cfg.variants):
         todo = _queries_to_expand(cfg, dataset_name, warehouse)
         if todo:
