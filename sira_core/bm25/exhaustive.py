@@ -2,7 +2,8 @@
 
 Few postings (under a quarter of the docs): the docs touched are remembered, so accumulating, gathering and
 resetting cost O(postings). Many: one scan of the accumulator in ordinal order gathers the hits above a threshold
-that rises as it goes (a buffer of them cut to the k best whenever it fills). For k >= HISTOGRAM_K the scan first
+that rises as it goes. Below HISTOGRAM_K the hits go into a heap of the k best (the threshold is its root from
+the k-th hit on); from HISTOGRAM_K into a buffer cut to the k best whenever it fills. For k >= HISTOGRAM_K the scan first
 guesses the threshold from every SAMPLE_STRIDE-th doc, and keeps the result when at least k hits pass it (so none
 of the k best is lost): at k = 1000 the gathering costs more than the scoring. top_k_shards scores the shards in
 turn, each passing the k-th best so far on as the next one's floor.
@@ -17,7 +18,7 @@ import numpy as np
 
 import sira.core.bm25.selection as selection
 from sira.core.bm25.formulas import _fixed
-from sira.core.bm25.selection import _keep_best, _kth_largest, _write_best
+from sira.core.bm25.selection import _keep_best, _kth_largest, _offer_hit, _write_best
 
 SAMPLE_STRIDE = 16  # the exhaustive scorer guesses its threshold from every SAMPLE_STRIDE-th doc (k >= HISTOGRAM_K)
 
@@ -79,14 +80,18 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
                         touched[n_touched] = d
                         n_touched += 1
                     acc[d] += _fixed(impacts[j], w)
+            small_k = k < selection.HISTOGRAM_K
             for t in range(n_touched):
                 d = touched[t]
                 s = acc[d]
                 acc[d] = 0
                 if s >= floors[q] and (not filtered or allowed[d] != 0):
-                    values[m] = s
-                    hit_ords[m] = d
-                    m += 1
+                    if small_k:
+                        m = _offer_hit(values, hit_ords, m, k, s, d)
+                    else:
+                        values[m] = s
+                        hit_ords[m] = d
+                        m += 1
         else:
             # Many postings: accumulate, then one scan in ordinal order, where an equal score never beats the
             # k-th best. (Gathering inline here: a helper call per hit costs 3x as much.)
@@ -108,15 +113,25 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
                     counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
                     continue
                 m = 0
-            for d in range(n_docs):
-                s = acc[d]
-                acc[d] = 0
-                if s > theta and (not filtered or allowed[d] != 0):
-                    values[m] = s
-                    hit_ords[m] = d
-                    m += 1
-                    if m == cap:
-                        m = _keep_best(values, hit_ords, m, k, spare, spare_o)
-                        theta = values[:m].min()
+            if k < selection.HISTOGRAM_K:
+                # In ordinal order a hit equal to the k-th best never beats it, so only s > theta is offered.
+                for d in range(n_docs):
+                    s = acc[d]
+                    if s > theta and (not filtered or allowed[d] != 0):
+                        m = _offer_hit(values, hit_ords, m, k, s, d)
+                        if m == k:
+                            theta = values[0]
+                acc[:n_docs] = 0
+            else:
+                for d in range(n_docs):
+                    s = acc[d]
+                    acc[d] = 0
+                    if s > theta and (not filtered or allowed[d] != 0):
+                        values[m] = s
+                        hit_ords[m] = d
+                        m += 1
+                        if m == cap:
+                            m = _keep_best(values, hit_ords, m, k, spare, spare_o)
+                            theta = values[:m].min()
         counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
     return out_ords, out_fixed, counts

@@ -3,7 +3,9 @@
 A scorer gathers hits (score, ordinal) into a buffer in any order; `_keep_best` cuts them to the k best and
 `_write_best` writes those best first. For k >= HISTOGRAM_K the cut first drops the hits below the histogram
 bucket of the k-th best score, then partially sorts the rest: at k = 1000 the gathering costs more than the
-scoring. `_kth_largest` finds the k-th best of some scores through a min-heap (`_offer`).
+scoring. `_kth_largest` finds the k-th best of some scores through a min-heap (`_offer`). Below HISTOGRAM_K the
+exhaustive scorer keeps the k best hits in a heap as it goes instead (`_offer_hit`): a cut costs a partition and
+its copy, so cutting a buffer every few hundred hits cost as much as the scoring at k = 10.
 
 HISTOGRAM_K is a compile-time constant of the kernels (numba freezes globals when it compiles).
 """
@@ -129,3 +131,40 @@ def _offer(heap, k, v):
         heap[j] = heap[c]
         j = c
     heap[j] = v
+
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _worse(s_a, o_a, s_b, o_b):
+    """Hit a ranks below hit b: a lower score, or an equal one at a higher ordinal."""
+    return s_a < s_b or (s_a == s_b and o_a > o_b)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _offer_hit(heap_s, heap_o, n, k, s, d):
+    """Offer hit (score s, ordinal d) to heap_s / heap_o[:n], the k best hits so far, rooted at the worst of them.
+    Hits may come in any order. Returns the new size; once it is k, heap_s[0] is the k-th best score."""
+    if n < k:
+        j = n
+        while j > 0:  # sift the new hit up past every parent that ranks below it
+            p = (j - 1) >> 1
+            if _worse(heap_s[p], heap_o[p], s, d):
+                heap_s[j], heap_o[j] = heap_s[p], heap_o[p]
+                j = p
+            else:
+                break
+        heap_s[j], heap_o[j] = s, d
+        return n + 1
+    if not _worse(heap_s[0], heap_o[0], s, d):
+        return n  # no better than the k-th best
+    j = 0
+    while 2 * j + 1 < k:  # replace the root, sift down past every child that ranks below it
+        c = 2 * j + 1
+        if c + 1 < k and _worse(heap_s[c + 1], heap_o[c + 1], heap_s[c], heap_o[c]):
+            c += 1
+        if not _worse(heap_s[c], heap_o[c], s, d):
+            break
+        heap_s[j], heap_o[j] = heap_s[c], heap_o[c]
+        j = c
+    heap_s[j], heap_o[j] = s, d
+    return n
