@@ -31,6 +31,7 @@ from sira.core.bm25.pruning import _pruned_top_k
 PRUNE_MAX_K = 64  # "auto" prunes queries with k up to this ...
 PRUNE_MIN_POSTINGS = 65_536  # ... whose lists hold at least this many postings over all shards, ...
 PRUNE_MAX_POSTINGS_PER_DOC = 4  # ... and at most this many per document; see above
+_NO_IDS = np.empty(0, np.int64)  # the empty part that keeps a concatenation of no ids int64
 
 
 class Shard(Protocol):
@@ -199,8 +200,12 @@ def _score_exhaustive(shards, works, group, sub_ptr, picked, rows, weight_scale,
 def _ragged(parts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """(ptr, flat) of a list of int sequences: part i is flat[ptr[i]:ptr[i + 1]]."""
     ptr = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in parts], out=ptr[1:])
-    flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts if len(p)] + [np.empty(0, np.int64)])
+    np.cumsum(np.fromiter(map(len, parts), np.int64, count=len(parts)), out=ptr[1:])
+    # One concatenate of the parts as they are (int64 arrays, the usual case); a part of another type (an empty
+    # list is float64 to numpy) would promote the whole batch to float, which cannot hold 64-bit ids: convert each.
+    flat = np.concatenate([*parts, _NO_IDS])
+    if flat.dtype != np.int64:
+        flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts] + [_NO_IDS])
     return ptr, flat
 
 
