@@ -84,6 +84,20 @@ def night_2(wh: str, tmp_path: Path, spark) -> None:
     ingest_job.run(ingest_job.IngestConfig(source=str(snapshot), warehouse=wh, mode="merge"))
 
 
+@pytest.fixture(scope="module")
+def night_and_reference(base_warehouse, tmp_path_factory, spark) -> tuple[Path, str]:
+    """Night 2 merged in but not yet indexed (each kill test copies it), and a copy of it indexed uninterrupted:
+    built once for every kill point, since the tests only read the reference."""
+    root = tmp_path_factory.mktemp("night")
+    night = copy_of(base_warehouse, root / "night")
+    night_2(night, root, spark)
+    reference = copy_of(Path(night), root / "reference")
+    index_job.run(index_job.IndexConfig(warehouse=reference, preset="sira", shards=2, enrichment=True, tau=0.25),
+                  spark=spark)  # the same job as INDEX_ARGS, uninterrupted
+    assert len(find_index(reference)["segments"]) == 2, "the reference build was not incremental"
+    return Path(night), reference
+
+
 def rankings(wh: str, queries: list[str]) -> dict[str, list[tuple[str, float]]]:
     searcher, _ = load_searcher(wh)
     return {q: [(h.doc_id, h.score) for h in searcher.search(q, k=len(TINY_DOCS))] for q in queries}
@@ -98,14 +112,10 @@ def vocabulary() -> list[str]:
 # postings are written; the version's term_stats, tombstones, decisions and the publishing corpus_stats row are
 # not), or after its tombstones commit (the decisions of the documents entering and the corpus_stats row are not).
 @pytest.mark.parametrize("killed_after", [tables.DOC_ANALYSIS, tables.SEGMENT_POSTINGS, tables.TOMBSTONES])
-def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index(base_warehouse, tmp_path, spark,
-                                                                                  killed_after):
-    night = copy_of(base_warehouse, tmp_path / "night")
-    night_2(night, tmp_path, spark)  # once, then copied: both start from the same night-1 index and snapshot
-    wh, reference = copy_of(Path(night), tmp_path / "killed"), copy_of(Path(night), tmp_path / "reference")
-    index_job.run(index_job.IndexConfig(warehouse=reference, preset="sira", shards=2, enrichment=True, tau=0.25),
-                  spark=spark)  # the same job as INDEX_ARGS, uninterrupted
-    assert len(find_index(reference)["segments"]) == 2, "the reference build was not incremental"
+def test_killed_index_build_stays_invisible_and_a_rerun_publishes_the_same_index(night_and_reference, tmp_path,
+                                                                                  spark, killed_after):
+    night, reference = night_and_reference
+    wh = copy_of(night, tmp_path / "killed")
     before = [r["index_version"] for r in published_versions(wh)]
     previous = find_index(wh)["index_version"]
     new = previous + 1
