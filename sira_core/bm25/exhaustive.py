@@ -48,6 +48,36 @@ def _gather_from_sample(acc, n_docs, k, theta, filtered, allowed, values, hit_or
 
 
 @numba.njit(cache=True, nogil=True)
+def _gather_in_order(acc, n_docs, k, theta, filtered, allowed, values, hit_ords, spare, spare_o):
+    """The hits of acc[:n_docs] above theta, in one scan in ordinal order, where a hit equal to the k-th best never
+    beats it; acc left zeroed. Returns m: below HISTOGRAM_K, values / hit_ords[:m] is a heap of the k best; from
+    it, a buffer cut to the k best whenever it fills (cap), so the k best are among its m. (The gathering is
+    inline: a helper call per hit costs 3x as much.)"""
+    m = 0
+    if k < selection.HISTOGRAM_K:
+        for d in range(n_docs):
+            s = acc[d]
+            if s > theta and (not filtered or allowed[d] != 0):
+                m = _offer_hit(values, hit_ords, m, k, s, d)
+                if m == k:
+                    theta = values[0]
+        acc[:n_docs] = 0
+        return m
+    cap = min(8 * k + 64, n_docs)  # hits gathered before only the k best are kept
+    for d in range(n_docs):
+        s = acc[d]
+        acc[d] = 0
+        if s > theta and (not filtered or allowed[d] != 0):
+            values[m] = s
+            hit_ords[m] = d
+            m += 1
+            if m == cap:
+                m = _keep_best(values, hit_ords, m, k, spare, spare_o)
+                theta = values[:m].min()
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
 def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floors, k, n_docs, allowed, acc,
                       values, spare, touched, hit_ords, spare_o):
     """Each query of a batch on one shard: (ords [q, k] int32, fixed scores [q, k] int64, hit counts [q]), each row
@@ -58,7 +88,6 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
     out_ords = np.zeros((n_queries, k), dtype=np.int32)
     out_fixed = np.zeros((n_queries, k), dtype=np.int64)
     counts = np.zeros(n_queries, dtype=np.int64)
-    cap = min(8 * k + 64, n_docs)  # hits the ordinal-order scan gathers before only the k best are kept
     for q in range(n_queries):
         n_postings = 0
         for i in range(q_ptr[q], q_ptr[q + 1]):
@@ -93,8 +122,7 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
                         hit_ords[m] = d
                         m += 1
         else:
-            # Many postings: accumulate, then one scan in ordinal order, where an equal score never beats the
-            # k-th best. (Gathering inline here: a helper call per hit costs 3x as much.)
+            # Many postings: accumulate, then one scan in ordinal order (_gather_in_order).
             for i in range(q_ptr[q], q_ptr[q + 1]):
                 r = rows[i]
                 if r < 0:
@@ -112,26 +140,6 @@ def _exhaustive_top_k(indptr, doc_ords, impacts, q_ptr, rows, weight_scale, floo
                     acc[:] = 0
                     counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
                     continue
-                m = 0
-            if k < selection.HISTOGRAM_K:
-                # In ordinal order a hit equal to the k-th best never beats it, so only s > theta is offered.
-                for d in range(n_docs):
-                    s = acc[d]
-                    if s > theta and (not filtered or allowed[d] != 0):
-                        m = _offer_hit(values, hit_ords, m, k, s, d)
-                        if m == k:
-                            theta = values[0]
-                acc[:n_docs] = 0
-            else:
-                for d in range(n_docs):
-                    s = acc[d]
-                    acc[d] = 0
-                    if s > theta and (not filtered or allowed[d] != 0):
-                        values[m] = s
-                        hit_ords[m] = d
-                        m += 1
-                        if m == cap:
-                            m = _keep_best(values, hit_ords, m, k, spare, spare_o)
-                            theta = values[:m].min()
+            m = _gather_in_order(acc, n_docs, k, theta, filtered, allowed, values, hit_ords, spare, spare_o)
         counts[q] = _write_best(values, hit_ords, m, k, spare, spare_o, out_fixed[q], out_ords[q])
     return out_ords, out_fixed, counts

@@ -146,13 +146,12 @@ def _offer_hit(heap_s, heap_o, n, k, s, d):
     Hits may come in any order. Returns the new size; once it is k, heap_s[0] is the k-th best score."""
     if n < k:
         j = n
-        while j > 0:  # sift the new hit up past every parent that ranks below it
+        while j > 0:  # sift the new hit up past every parent that ranks above it (the worst is the root)
             p = (j - 1) >> 1
-            if _worse(heap_s[p], heap_o[p], s, d):
-                heap_s[j], heap_o[j] = heap_s[p], heap_o[p]
-                j = p
-            else:
+            if not _worse(s, d, heap_s[p], heap_o[p]):
                 break
+            heap_s[j], heap_o[j] = heap_s[p], heap_o[p]
+            j = p
         heap_s[j], heap_o[j] = s, d
         return n + 1
     if not _worse(heap_s[0], heap_o[0], s, d):
