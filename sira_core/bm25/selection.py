@@ -133,7 +133,6 @@ def _offer(heap, k, v):
     heap[j] = v
 
 
-
 @numba.njit(cache=True, nogil=True, inline="always")
 def _worse(s_a, o_a, s_b, o_b):
     """Hit a ranks below hit b: a lower score, or an equal one at a higher ordinal."""
