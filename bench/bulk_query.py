@@ -17,10 +17,14 @@ What it measures, on the synthetic corpus of bench/scale.py (bench/synthetic_cor
   corpus (bench/searcher_scale.py builds it) loaded, the same query file read and analysed by the same Analyzer
   (expanded: the same proposed phrases' analysed terms appended, unweighted), the same TREC format written (doc ids
   from its row numbers). Its numba compile and its list of doc ids are made before the clock starts.
-- Scoring on one core: the plain k=100 run again under `taskset -c 0` (every process of the tree on core 0):
-  `scaling_2_vs_1` = its scoring seconds / the two-core run's.
+- One worker: the plain k=100 run again with `--workers 1` (the default is one query worker per CPU):
+  `scaling_2_vs_1` = its scoring seconds / the default run's.
 - One searcher: a process that opens the index in process (`open_retriever`, the shard cache memory-mapped) and
-  scores the first 1,000 queries; `memory_vs_one_searcher` = the plain k=100 run's process-tree peak / its peak.
+  scores the first 1,000 queries. `memory_vs_one_searcher`: the query workers' peak proportional set size (PSS,
+  summed at one instant: a shard page mapped by every worker counts once, which is what "one copy between them"
+  means) during the plain k=100 run / the searcher's PSS at its end; `tree_rss_vs_one_searcher`: the run's whole
+  process tree (driver, Ray's own processes, workers), resident bytes summed (a shared page once per process) /
+  the searcher's resident bytes.
 """
 
 from __future__ import annotations
@@ -87,8 +91,8 @@ def build_warehouse(work: Path, docs: int, seed: int, logs: Path) -> tuple[Path,
 
 
 def sira_query(wh: Path, queries: Path, k: int, kind: str, base_url: str, work: Path, logs: Path,
-               prefix: tuple[str, ...] = ()) -> dict:
-    name = f"{kind}-k{k}{'-' + '-'.join(prefix) if prefix else ''}"
+               workers: int = 0) -> dict:
+    name = f"{kind}-k{k}{f'-w{workers}' if workers else ''}"
     shutil.rmtree(wh / "expansions", ignore_errors=True)
     shutil.rmtree(wh / "runs", ignore_errors=True)  # every run starts from an empty runs table
     out, summary = work / f"run-{name}.trec", work / f"run-{name}.json"
@@ -96,14 +100,7 @@ def sira_query(wh: Path, queries: Path, k: int, kind: str, base_url: str, work: 
             "--output-json", str(summary)]
     args += ["--no-expand"] if kind == "plain" else ["--backend", "openai", "--model", "instant", "--base-url",
                                                      base_url]
-    if prefix:  # taskset -c 0: the job's whole process tree on one core
-        cmd = ["taskset", "-c", "0", sys.executable, "-m", "sira.jobs.cli", *args]
-        started = time.perf_counter()
-        subprocess.run(cmd, cwd=REPO_ROOT, check=True, stdout=open(logs / f"{name}.log", "w"),
-                       stderr=subprocess.STDOUT)
-        job = {"seconds": round(time.perf_counter() - started, 2)}
-    else:
-        job = run_job(args, logs / f"{name}.log")
+    job = run_job(args + (["--workers", str(workers)] if workers else []), logs / f"{name}.log")
     return {**job, "summary": json.loads(summary.read_text()), "run_file": str(out)}
 
 
@@ -112,12 +109,13 @@ def searcher_worker(wh: str, queries: str) -> None:
     from itertools import islice
 
     from bench.query_speed import rss_bytes_now
+    from bench.scale import pss_bytes
     from sira.pipelines.serving.query_runs import iter_queries
     from sira.pipelines.serving.retrievers import open_retriever
 
     retriever, _ = open_retriever(wh, k=100)
     retriever({q.qid: q.text for q in islice(iter_queries(queries), 1000) if q.error is None})
-    print(json.dumps({"rss_bytes": rss_bytes_now()}))
+    print(json.dumps({"rss_bytes": rss_bytes_now(), "pss_bytes": pss_bytes(os.getpid())}))
 
 
 def bm25s_worker(folder: str, work: str, queries: str, k: int, kind: str, out: str) -> None:
@@ -193,7 +191,7 @@ def measure(args) -> dict:
             for kind in KINDS:
                 runs[f"{kind}-k{k}"] = sira_query(wh, queries, k, kind, server.base_url, work, logs)
                 print(f"sira query {kind} k={k}: {runs[f'{kind}-k{k}']['seconds']} s", flush=True)
-    one_core = sira_query(wh, queries, 100, "plain", "", work, logs, prefix=("core0",))
+    one_worker = sira_query(wh, queries, 100, "plain", "", work, logs, workers=1)
     searcher = _worker(["--searcher", str(wh), str(queries)], logs / "searcher.log")
     bm25s = bm25s_runs(args, work, queries, logs) if not args.skip_bm25s else None
     qps = {k: {kind: round(args.queries / runs[f"{kind}-k{k}"]["seconds"], 1) for kind in KINDS} for k in args.k}
@@ -206,10 +204,13 @@ def measure(args) -> dict:
         "ratio_vs_bm25s_threads2_k100": min(ratios[100].values()) if ratios and 100 in ratios else None,
         "ratio_vs_bm25s_threads2_k1000": min(ratios[1000].values()) if ratios and 1000 in ratios else None,
         "ratios_vs_bm25s_threads2": ratios,
-        "scaling_2_vs_1": round(scoring(one_core) / scoring(runs["plain-k100"]), 3) if "plain-k100" in runs else None,
-        "memory_vs_one_searcher": round(runs["plain-k100"]["peak_rss_tree_mb"] * 2**20 / searcher["rss_bytes"], 3)
+        "scaling_2_vs_1": round(scoring(one_worker) / scoring(runs["plain-k100"]), 3) if "plain-k100" in runs else None,
+        "memory_vs_one_searcher": round(runs["plain-k100"]["peak_rss_query_workers_pss_mb"] * 2**20
+                                        / searcher["pss_bytes"], 3)
+        if "peak_rss_query_workers_pss_mb" in runs.get("plain-k100", {}) else None,
+        "tree_rss_vs_one_searcher": round(runs["plain-k100"]["peak_rss_tree_mb"] * 2**20 / searcher["rss_bytes"], 3)
         if "plain-k100" in runs else None,
-        "runs": runs, "one_core": one_core, "searcher": searcher, "bm25s": bm25s, "warehouse_build": built,
+        "runs": runs, "one_worker": one_worker, "searcher": searcher, "bm25s": bm25s, "warehouse_build": built,
         "command": "python bench/bulk_query.py " + " ".join(sys.argv[1:]),
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                                      text=True).stdout.strip(),

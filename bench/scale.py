@@ -92,9 +92,19 @@ def _rss_and_role(pid: int, root: int) -> tuple[int, int, str] | None:
             cmd = fh.read().split(b"\0")[0].decode(errors="replace")
     except OSError:
         return None
-    role = "driver" if pid == root else "jvm" if cmd.endswith("java") else "python_workers" if "python" in cmd \
-        else "other"
+    role = "driver" if pid == root else "jvm" if cmd.endswith("java") else "query_workers" if \
+        cmd.startswith("ray::QueryWorker") else "python_workers" if "python" in cmd else "other"
     return rss, rss - shared, role
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: resident bytes with each shared page split among the processes that map it, so that
+    summing it over processes counts a page cache page (a memory-mapped shard) once, not once per process."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 class TreeMemory(threading.Thread):
@@ -114,7 +124,9 @@ class TreeMemory(threading.Thread):
                     rss, anon, role = got
                     now[role] = now.get(role, 0) + rss
                     now[f"{role}_anon"] = now.get(f"{role}_anon", 0) + anon
-            now["tree"] = sum(v for k, v in now.items() if not k.endswith("_anon"))
+                    if role == "query_workers":  # what the workers hold together (shared shard pages once)
+                        now["query_workers_pss"] = now.get("query_workers_pss", 0) + pss_bytes(pid)
+            now["tree"] = sum(v for k, v in now.items() if not k.endswith(("_anon", "_pss")))
             now["tree_anon"] = sum(v for k, v in now.items() if k.endswith("_anon"))
             for role, rss in now.items():
                 self.peaks[role] = max(self.peaks.get(role, 0), rss)
@@ -294,7 +306,7 @@ def peaks_by_group(runs: list[dict]) -> dict[str, float]:
     out: dict[str, float] = {}
     for run in runs:
         for key, mb in run.items():
-            if key.startswith("peak_rss_") and not key.endswith("_anon_mb"):
+            if key.startswith("peak_rss_") and not key.endswith(("_anon_mb", "_pss_mb")):
                 group = key.removeprefix("peak_rss_").removesuffix("_mb")
                 out[group] = max(out.get(group, 0.0), mb)
     return out

@@ -148,7 +148,7 @@ def _print_hits(program, manifest: dict, hits: list[tuple[str, float]], contribu
 
 _job("query", query_job.QueryConfig, (
     "warehouse", "queries", "out", "parquet", "run_id", "k", "expand", *PROPOSER, "task", "w", "tau", "index_version",
-    "preset", "batch_size", "commit_every", "scorer", "ray_address"), lambda cfg: query_job.run(cfg),
+    "preset", "batch_size", "commit_every", "scorer", "workers", "ray_address"), lambda cfg: query_job.run(cfg),
     "run {run_id}: scored {scored}, skipped {skipped}, rejected {rejected} -> {run_file}, {parquet_file}",
     "Bulk scoring: expand, validate and score a query set; write the Delta `runs` table and a TREC run.")
 

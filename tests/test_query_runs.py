@@ -170,11 +170,15 @@ def test_trec_lines_write_scores_as_python_does():
         f"q Q0 d{i} {i + 1} {float(s):.6f} t\n" for i, s in enumerate(scores) if i >= 1)
 
 
-def test_the_in_process_scorer_writes_the_runs_the_actors_write(warehouse, tiny_warehouse, tmp_path):
+def test_query_workers_shard_actors_and_the_in_process_scorer_write_the_same_runs(warehouse, tiny_warehouse,
+                                                                                  tmp_path):
     queries = write_queries(tmp_path / "q.jsonl.gz", LINES)
-    run_query(warehouse, queries, tmp_path / "actors.trec")
-    local = str(shutil.copytree(tiny_warehouse, tmp_path / "local"))
-    summary = run_query(local, queries, tmp_path / "local.trec", scorer="local")
-    assert (summary["scored"], summary["rejected"]) == (5, 5)
-    assert (tmp_path / "local.trec").read_text() == (tmp_path / "actors.trec").read_text()
-    assert pq.read_table(tmp_path / "local.parquet").equals(pq.read_table(tmp_path / "actors.parquet"))
+    # Batches of one query over two workers, two chunks in flight: the rows still come back in line order.
+    workers = run_query(warehouse, queries, tmp_path / "workers.trec", workers=2, batch_size=1, commit_every=4)
+    assert (workers["scorer"], workers["scored"], workers["rejected"]) == ("workers", 5, 5)
+    for scorer in ("actors", "local"):
+        other = str(shutil.copytree(tiny_warehouse, tmp_path / scorer))
+        summary = run_query(other, queries, tmp_path / f"{scorer}.trec", scorer=scorer)
+        assert (summary["scored"], summary["rejected"]) == (5, 5)
+        assert (tmp_path / f"{scorer}.trec").read_text() == (tmp_path / "workers.trec").read_text()
+        assert pq.read_table(tmp_path / f"{scorer}.parquet").equals(pq.read_table(tmp_path / "workers.parquet"))

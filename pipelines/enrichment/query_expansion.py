@@ -22,7 +22,7 @@ def expand_queries(
     task: str,
     backend: BackendConfig,
     ray_address: str | None = None,
-    commit_every: int = 64,
+    commit_every: int = 1024,  # rows per commit; a slow backend also commits every COMMIT_INTERVAL_S
     on_progress: Callable[[int], None] = lambda n: None,
     manifest: dict | None = None,
 ) -> tuple[dict[str, Proposal], dict]:

@@ -16,13 +16,14 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Callable, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import ConfigDict, Field
 
+from sira.core.program import DEFAULT_W
 from sira.core.defaults import DEFAULT_DEPTH, DEPTH_HELP, QUERY_BATCH, QUERY_COMMIT_LINES, ExpansionParams
 from sira.pipelines.enrichment.backend_config import BackendConfig
 
@@ -60,10 +61,12 @@ class QueryConfig(ExpansionParams):
     batch_size: int = Field(QUERY_BATCH, gt=0, description="queries per scoring round")
     commit_every: int = Field(QUERY_COMMIT_LINES, gt=0, description="query-file lines per chunk: expanded together "
                                                                     "and committed to the runs table at once")
-    scorer: Literal["actors", "local"] = Field(
-        "actors", description="actors: the shards held by Ray actors, scored scatter-gather (any number of nodes); "
-                              "local: the shards memory-mapped in this process, one thread (no Ray for plain "
-                              "queries; faster at k <= 100 on one machine, bench/results/scoring_threads_200k.json)")
+    scorer: Literal["workers", "actors", "local"] = Field(
+        "workers", description="workers: query workers, each mapping every shard and scoring whole batches (one "
+                               "per CPU of the Ray cluster, any number of nodes); actors: a Ray actor per shard, "
+                               "scored scatter-gather; local: the shards memory-mapped in this process, one thread "
+                               "(no Ray for plain queries)")
+    workers: int = Field(0, ge=0, description="query workers (--scorer workers); 0: one per CPU of the Ray cluster")
     ray_address: str | None = None
 
     @property
@@ -238,10 +241,27 @@ class QueryRun:
                              "resume it on its own version or start a new run id")
         return state
 
-    def score_chunk(self, retriever, state: Resumed, chunk: Sequence[QueryLine], index_version: int,
-                    advance: Callable[[int], None]) -> None:
-        """Score one chunk's good lines through `retriever` (a repeated query id is rejected: the run keeps its
-        first line) and commit the chunk's rows; `state` moves past the chunk."""
+    def score_chunks(self, scorer: "ChunkScorer", proposer, state: Resumed, chunks: Iterator[list[QueryLine]],
+                     index_version: int, advance: Callable[[int], None]) -> None:
+        """Score chunk after chunk of lines and commit each (a repeated query id is rejected: the run keeps its
+        first line); `state` moves past each committed chunk. One chunk is in flight while the next is expanded
+        and submitted: with query workers, the driver's expansion and commits run beside the scoring."""
+        pending = None
+        for chunk in chunks:
+            lines = self._take(state, chunk)
+            todo = [q for q in lines if q.error is None]
+            proposals = self._propose(proposer, state, [q.text for q in todo])
+            t = time.perf_counter()
+            handle = scorer.submit([q.qid for q in todo], [q.text for q in todo], proposals, advance)
+            state.seconds["scoring"] += time.perf_counter() - t
+            if pending is not None:
+                self._finish(scorer, state, *pending, index_version, advance)
+            pending = (lines, todo, handle)
+        if pending is not None:
+            self._finish(scorer, state, *pending, index_version, advance)
+
+    @staticmethod
+    def _take(state: Resumed, chunk: Sequence[QueryLine]) -> list[QueryLine]:
         lines = []
         for q in chunk:
             if q.error is None and q.qid in state.seen:
@@ -249,33 +269,42 @@ class QueryRun:
             elif q.error is None:
                 state.seen.add(q.qid)
             lines.append(q)
-        todo = {q.qid: q.text for q in lines if q.error is None}
+        return lines
+
+    @staticmethod
+    def _propose(proposer, state: Resumed, texts: list[str]) -> list | None:
+        if proposer is None or not texts:
+            return None
         t = time.perf_counter()
-        proposer = retriever.proposer if todo else None
-        proposals = proposer.propose(list(todo.values())) if proposer is not None else None
-        for key, value in ((proposer.summary or {}) if proposer is not None else {}).items():
+        proposals = proposer.propose(texts)
+        for key, value in (proposer.summary or {}).items():
             state.expansion[key] = state.expansion.get(key, 0) + value if isinstance(value, (int, float)) else value
         state.seconds["expansion"] += time.perf_counter() - t
+        return proposals
+
+    def _finish(self, scorer: "ChunkScorer", state: Resumed, lines: list[QueryLine], todo: list[QueryLine], handle,
+                index_version: int, advance: Callable[[int], None]) -> None:
         t = time.perf_counter()
-        programs, results = retriever.run(todo, proposals=proposals, on_batch=lambda qids, *_: advance(len(qids)))
+        programs, results = scorer.collect(handle, advance)
         state.seconds["scoring"] += time.perf_counter() - t
         t = time.perf_counter()
-        self.commit(lines, dict(zip(todo, programs)), results, index_version)
+        self.commit(lines, dict(zip((q.qid for q in todo), programs)), results, index_version)
         state.seconds["commits"] += time.perf_counter() - t
-        state.last_line = chunk[-1].line
+        state.last_line = lines[-1].line
         state.scored += len(todo)
         state.rejected += len(lines) - len(todo)
 
-    def commit(self, lines: Sequence[QueryLine], programs: dict, results: pa.Table, index_version: int) -> None:
-        """One chunk's rows in one append: each line in order, scored (`programs` by qid; `results`, the
-        Retriever's table, its hits grouped by query in line order) or rejected. An append, not a MERGE: a MERGE
-        reads the table it merges into, so each commit cost more as the run grew; the rows are new by construction
-        (the lines after the last committed one)."""
+    def commit(self, lines: Sequence[QueryLine], programs: dict[str, str], results: pa.Table,
+               index_version: int) -> None:
+        """One chunk's rows in one append: each line in order, scored (`programs`: qid -> program JSON; `results`,
+        the Retriever's table, its hits grouped by query in line order) or rejected. An append, not a MERGE: a
+        MERGE reads the table it merges into, so each commit cost more as the run grew; the rows are new by
+        construction (the lines after the last committed one)."""
         hits = pc.value_counts(results["qid"])
         per_qid = dict(zip(hits.field("values").to_pylist(), hits.field("counts").to_pylist()))
         counts = [per_qid.get(q.qid, 0) if q.error is None else 0 for q in lines]
         offsets = pa.array(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32))
-        program = [programs[q.qid].model_dump_json() if q.error is None else "" for q in lines]
+        program = [programs[q.qid] if q.error is None else "" for q in lines]
         n = len(lines)
         write_table(self.uri, pa.table({
             "run_id": [self.run_id] * n, "line": [q.line for q in lines], "qid": [q.qid for q in lines],
@@ -316,6 +345,61 @@ class QueryRun:
         if tmp_parquet is not None:
             os.replace(tmp_parquet, parquet)
         return counts
+
+
+class ChunkScorer(Protocol):
+    """What scores a run's chunks: `submit` hands one over (and may score it there and then), `collect` returns its
+    programs (JSON, in input order) and results (sira.core.retriever.RESULTS_SCHEMA); both report scored queries to
+    `advance`. RetrieverChunks here; query workers: sira.pipelines.serving.query_workers.QueryWorkers."""
+
+    def submit(self, qids: list[str], texts: list[str], proposals: list | None,
+               advance: Callable[[int], None]) -> object: ...
+
+    def collect(self, handle: object, advance: Callable[[int], None]) -> tuple[list[str], pa.Table]: ...
+
+
+class RetrieverChunks:
+    """A Retriever (the shards in this process, or shard actors scatter-gather) as a ChunkScorer: a chunk is
+    scored when submitted, in the Retriever's batches."""
+
+    def __init__(self, retriever):
+        self.retriever = retriever
+
+    @property
+    def nodes(self) -> list[str]:
+        """The Ray node of each shard actor (none in process)."""
+        return list(getattr(self.retriever.path.scorer, "nodes", ()))
+
+    def submit(self, qids: list[str], texts: list[str], proposals: list | None,
+               advance: Callable[[int], None]) -> tuple[list[str], pa.Table]:
+        programs, results = self.retriever.run(dict(zip(qids, texts)), proposals=proposals,
+                                               on_batch=lambda batch, *_: advance(len(batch)))
+        return [p.model_dump_json() for p in programs], results
+
+    def collect(self, handle: tuple[list[str], pa.Table], advance: Callable[[int], None]
+                ) -> tuple[list[str], pa.Table]:
+        return handle
+
+
+def chunk_scorer(cfg: QueryConfig, manifest: dict) -> tuple[object | None, ChunkScorer]:
+    """A run's proposer, the cached expansion dataflow (None: plain queries), and its chunk scorer: query workers
+    or shard actors on the job's Ray, or the shards in this process."""
+    from sira.pipelines.enrichment.ray_enrich import init_ray
+    from sira.pipelines.serving.retrievers import CachedBatchProposer, open_retriever
+
+    if cfg.scorer != "local" or cfg.expand:  # the expansion dataflow runs on Ray too
+        init_ray(cfg.ray_address)
+    proposer = CachedBatchProposer(cfg.warehouse, cfg.backend, cfg.task, manifest, cfg.ray_address) \
+        if cfg.expand else None
+    if cfg.scorer == "workers":
+        from sira.pipelines.serving.query_workers import QueryWorkers, Scoring
+
+        w = (cfg.w if cfg.w is not None else proposer.default_w) if proposer is not None else DEFAULT_W
+        how = Scoring(cfg.k, w, proposer.name, proposer.version) if proposer is not None else Scoring(cfg.k, w)
+        return proposer, QueryWorkers(cfg.warehouse, manifest, how, cfg.batch_size, cfg.tau, cfg.expand, cfg.workers)
+    retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer=cfg.scorer, proposer=proposer, tau=cfg.tau,
+                                  w=cfg.w, k=cfg.k, batch_size=cfg.batch_size)
+    return proposer, RetrieverChunks(retriever)
 
 
 def trec_lines(hits: pa.Table, tag: str) -> bytes:
