@@ -34,8 +34,7 @@ def run(cfg: QueryConfig) -> dict:
         with progress_bar("score queries", total=None, unit="queries") as advance:
             query_run.score_chunks(scorer, proposer, state, chunks, manifest["index_version"], advance)
     finally:
-        if hasattr(scorer, "close"):  # query workers hold CPUs of the Ray cluster the job may share
-            scorer.close()
+        scorer.close()  # query workers hold CPUs of the Ray cluster the job may share
     outputs_started = time.perf_counter()
     counts = query_run.write_outputs(cfg.out, cfg.parquet_path, f"sira-{run_id}")
     state.seconds["outputs"] = time.perf_counter() - outputs_started

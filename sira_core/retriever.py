@@ -41,9 +41,7 @@ class Retriever:
     def weight(self) -> float:
         """The expansion weight the programs record: w, else the proposer's default; a plain program (no
         proposer) has no expansion part for w to weigh and records the program's default."""
-        if self.proposer is None:
-            return DEFAULT_W
-        return self.w if self.w is not None else self.proposer.default_w
+        return program_weight(self.proposer, self.w)
 
     def programs(self, queries: Sequence[str], must: Sequence[str] = (), exclude: Sequence[str] = (),
                  proposals: Sequence[Proposal] | None = None) -> list[RetrievalProgram]:
@@ -89,6 +87,14 @@ class Retriever:
     def contributions(self, program: RetrievalProgram, doc_ids: Sequence[str]) -> dict[str, dict[str, float]]:
         """Why each of `doc_ids` scored for `program`: doc id -> term -> contribution."""
         return self.path.contributions(program, doc_ids)
+
+
+def program_weight(proposer: TermProposer | None, w: float | None) -> float:
+    """The expansion weight a program records (Retriever.weight): w, else the proposer's default; DEFAULT_W for a
+    plain program."""
+    if proposer is None:
+        return DEFAULT_W
+    return w if w is not None else proposer.default_w
 
 
 def results_table(qids: Sequence[str], programs: Sequence[RetrievalProgram], ranked: RankedBatch) -> pa.Table:

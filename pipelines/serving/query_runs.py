@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import ConfigDict, Field
 
-from sira.core.program import DEFAULT_W
+from sira.core.retriever import program_weight
 from sira.core.defaults import DEFAULT_DEPTH, DEPTH_HELP, QUERY_BATCH, QUERY_COMMIT_LINES, ExpansionParams
 from sira.pipelines.enrichment.backend_config import BackendConfig
 
@@ -357,6 +357,8 @@ class ChunkScorer(Protocol):
 
     def collect(self, handle: object, advance: Callable[[int], None]) -> tuple[list[str], pa.Table]: ...
 
+    def close(self) -> None: ...
+
 
 class RetrieverChunks:
     """A Retriever (the shards in this process, or shard actors scatter-gather) as a ChunkScorer: a chunk is
@@ -380,6 +382,9 @@ class RetrieverChunks:
                 ) -> tuple[list[str], pa.Table]:
         return handle
 
+    def close(self) -> None:
+        """Nothing to release: the retriever's shard actors, if any, go with it."""
+
 
 def chunk_scorer(cfg: QueryConfig, manifest: dict) -> tuple[object | None, ChunkScorer]:
     """A run's proposer, the cached expansion dataflow (None: plain queries), and its chunk scorer: query workers
@@ -394,7 +399,7 @@ def chunk_scorer(cfg: QueryConfig, manifest: dict) -> tuple[object | None, Chunk
     if cfg.scorer == "workers":
         from sira.pipelines.serving.query_workers import QueryWorkers, Scoring
 
-        w = (cfg.w if cfg.w is not None else proposer.default_w) if proposer is not None else DEFAULT_W
+        w = program_weight(proposer, cfg.w)
         how = Scoring(cfg.k, w, proposer.name, proposer.version) if proposer is not None else Scoring(cfg.k, w)
         return proposer, QueryWorkers(cfg.warehouse, manifest, how, cfg.batch_size, cfg.tau, cfg.expand, cfg.workers)
     retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer=cfg.scorer, proposer=proposer, tau=cfg.tau,

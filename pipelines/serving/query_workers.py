@@ -47,10 +47,7 @@ class QueryWorker:
     def score(self, qids: Sequence[str], texts: Sequence[str], proposals: Sequence[Proposal] | None,
               how: "Scoring") -> tuple[list[str], pa.Table]:
         """The batch's programs (JSON, in input order) and its results (sira.core.retriever.RESULTS_SCHEMA)."""
-        if proposals is None:
-            programs = self.path.programs(texts, None, how.w)
-        else:
-            programs = self.path.programs(texts, proposals, how.w, how.proposer, how.prompt_version)
+        programs = self.path.programs(texts, proposals, how.w, how.proposer, how.prompt_version)
         results = results_table(qids, programs, self.path.rank(programs, how.k))
         return [p.model_dump_json() for p in programs], results
 
@@ -79,7 +76,7 @@ class QueryWorkers:
     def __init__(self, warehouse: str, manifest: dict, how: Scoring, batch_size: int, tau: float, expand: bool,
                  workers: int = 0):
         n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self.how, self.batch_size = how, batch_size
+        self.how, self.batch_size = ray.put(how), batch_size  # in the object store once, not once per batch
         self.actors = [QueryWorker.options(scheduling_strategy="SPREAD").remote(warehouse, manifest, tau, expand)
                        for _ in range(n)]
         self.nodes = ray.get([a.node_id.remote() for a in self.actors])  # fail here if a worker cannot load
@@ -88,14 +85,14 @@ class QueryWorkers:
     def submit(self, qids: Sequence[str], texts: Sequence[str], proposals: Sequence[Proposal] | None,
                advance: Callable[[int], None] = lambda n: None) -> Submitted:
         """Hand a chunk's queries to the workers in batches, round-robin; returns at once."""
-        how = ray.put(self.how)
         parts = []
         for start in range(0, len(qids), self.batch_size):
             end = min(start + self.batch_size, len(qids))
             actor = self.actors[self._next % len(self.actors)]
             self._next += 1
             batch = None if proposals is None else list(proposals[start:end])
-            parts.append((end - start, actor.score.remote(list(qids[start:end]), list(texts[start:end]), batch, how)))
+            answer = actor.score.remote(list(qids[start:end]), list(texts[start:end]), batch, self.how)
+            parts.append((end - start, answer))
         return Submitted(parts)
 
     @staticmethod
