@@ -25,6 +25,8 @@ What it measures, on the synthetic corpus of bench/scale.py (bench/synthetic_cor
   means) during the plain k=100 run / the searcher's PSS at its end; `tree_rss_vs_one_searcher`: the run's whole
   process tree (driver, Ray's own processes, workers), resident bytes summed (a shared page once per process) /
   the searcher's resident bytes.
+- Commit cost: `commit_last_vs_first_tenth`, per run, the mean seconds of a runs-table append in the run's last
+  tenth of commits over its first tenth's (1.0: flat; `commit_cost` in each run's summary).
 """
 
 from __future__ import annotations
@@ -213,12 +215,20 @@ def measure(args) -> dict:
         if "peak_rss_query_workers_pss_mb" in runs.get("plain-k100", {}) else None,
         "tree_rss_vs_one_searcher": round(runs["plain-k100"]["peak_rss_tree_mb"] * 2**20 / searcher["rss_bytes"], 3)
         if "plain-k100" in runs else None,
+        # The commits' cost over a run: the mean append of its last tenth of commits over its first tenth's.
+        "commit_last_vs_first_tenth": {name: _commit_growth(run) for name, run in runs.items()},
         "runs": runs, "one_worker": one_worker, "searcher": searcher, "bm25s": bm25s, "warehouse_build": built,
         "command": "python bench/bulk_query.py " + " ".join(sys.argv[1:]),
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                                      text=True).stdout.strip(),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _commit_growth(run: dict) -> float | None:
+    cost = run["summary"].get("commit_cost") or {}
+    first, last = cost.get("first_tenth_s"), cost.get("last_tenth_s")
+    return round(last / first, 3) if first and last is not None else None
 
 
 def main(argv=None) -> None:

@@ -2,8 +2,8 @@
 a time are in memory); each chunk's queries are expanded through the configured proposer (Ray Data, cached in
 `expansions`), DF-validated into retrieval programs and scored (by default by query workers, each mapping every
 shard, sira.pipelines.serving.query_workers), and the chunk is appended to the Delta `runs` table in one commit,
-its bad lines with their reason; a chunk is scored while the next is expanded. Then the TREC run and the Parquet
-run are written from the table. A rerun with the same run id resumes after the last committed line, on the
+its bad lines with their reason, and its hits are added to the TREC run and the Parquet run; a chunk is scored
+while the next is expanded. A rerun with the same run id resumes after the last committed line, on the
 index version the run started on. The config and the runs table's code are in sira.pipelines.serving.query_runs."""
 
 from __future__ import annotations
@@ -31,14 +31,12 @@ def run(cfg: QueryConfig) -> dict:
     lines = iter_queries(cfg.queries, after=state.last_line)
     chunks = iter(lambda: list(islice(lines, cfg.commit_every)), [])
     try:
-        with progress_bar("score queries", total=None, unit="queries") as advance:
+        with query_run.open_outputs(cfg.out, cfg.parquet_path, f"sira-{run_id}", state) as outputs, \
+                progress_bar("score queries", total=None, unit="queries") as advance:
             query_run.score_chunks(scorer, proposer, state, chunks, manifest["index_version"], advance)
     finally:
         scorer.close()  # query workers hold CPUs of the Ray cluster the job may share
-    outputs_started = time.perf_counter()
-    counts = query_run.write_outputs(cfg.out, cfg.parquet_path, f"sira-{run_id}")
-    state.seconds["outputs"] = time.perf_counter() - outputs_started
-    return _summary(cfg, run_id, state, before[0], counts, manifest, scorer, time.perf_counter() - started)
+    return _summary(cfg, run_id, state, before[0], outputs.counts, manifest, scorer, time.perf_counter() - started)
 
 
 def _summary(cfg: QueryConfig, run_id: str, state, skipped: int, counts: dict, manifest: dict, scorer,
@@ -47,4 +45,5 @@ def _summary(cfg: QueryConfig, run_id: str, state, skipped: int, counts: dict, m
             "rejected": counts["rejected"], "index_version": manifest["index_version"], "run_file": str(cfg.out),
             "parquet_file": str(cfg.parquet_path), "hits": counts["hits"], "expansion": state.expansion or None,
             "seconds": seconds, "seconds_by_part": {k: round(v, 3) for k, v in state.seconds.items()},
+            "commit_cost": state.commit_cost(),
             "scorer": cfg.scorer, "shard_nodes": len(set(scorer.nodes)) or 1}

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import TINY_DOCS, TINY_QUERIES, kill_when, start_job, write_beir_folder
@@ -170,6 +171,7 @@ def test_killed_query_run_resumes_to_the_runs_of_an_uninterrupted_one(base_wareh
     committed = read_table(runs_uri, columns=["qid"])["qid"].to_pylist()
     assert 0 < len(committed) < NUM_QUERIES, "the job was not killed part-way"
     assert len(committed) % QUERY_COMMIT == 0  # whole commits only
+    assert not Path(f"{wh}.trec").exists()  # the run files appear whole, when the run is complete
     # A new index version is published before the rerun (as the nightly build would): the resumed run must still
     # finish on the index its committed queries were scored on, not mix two indexes in one run.
     index_job.run(index_job.IndexConfig(warehouse=wh, preset="sira", shards=2, enrichment=False), spark=spark)
@@ -196,6 +198,7 @@ def test_killed_query_run_resumes_to_the_runs_of_an_uninterrupted_one(base_wareh
     assert resumed == expected
     assert sum(bool(r["doc_ids"]) for r in resumed) > NUM_QUERIES // 2  # most queries match something
     assert Path(f"{wh}.trec").read_text() == Path(f"{reference}.trec").read_text()
+    assert pq.read_table(f"{wh}.parquet").equals(pq.read_table(f"{reference}.parquet"))
     # Asked outright to go on with the run on another version, the job refuses (before any work).
     with pytest.raises(ValueError, match="scored on index v1, not v2"):
         query_job.run(query_job.QueryConfig(warehouse=wh, queries=str(folder / "queries.jsonl.gz"), run_id="bulk",

@@ -162,12 +162,23 @@ def test_trec_lines_write_scores_as_python_does():
     import numpy as np
     import pyarrow as pa
 
-    scores = np.array([0.0, 5e-7, 1.5e-6, 2.5e-7, 1.5, 213.22705, 123456.78, 1e-5 / 3], np.float32)
+    from sira.core.trec_format import trec_lines
+
+    scores = np.array([0.0, 5e-7, 1.5e-6, 2.5e-7, 1.5, 213.22705, 123456.78, 1e-5 / 3, -0.25], np.float32)
     hits = pa.table({"qid": ["q"] * len(scores), "doc_id": [f"d{i}" for i in range(len(scores))],
                      "rank": pa.array(range(1, len(scores) + 1), pa.int32()), "score": pa.array(scores),
                      "program_id": ["p"] * len(scores)}, schema=query_runs.PARQUET_RUN_SCHEMA)
-    assert query_runs.trec_lines(hits.slice(1), "t").decode() == "".join(
+    part = hits.slice(1)  # a slice: the string columns' offsets do not start at 0
+    assert trec_lines(part["qid"], part["doc_id"], part["rank"], part["score"], "t").decode() == "".join(
         f"q Q0 d{i} {i + 1} {float(s):.6f} t\n" for i, s in enumerate(scores) if i >= 1)
+    chunked = pa.chunked_array([pa.array(["a", "bb"]), pa.array(["ccc"])])
+    assert trec_lines(chunked, chunked, [1, 2, 10], np.array([1.0, 2.0, 3.0]), "run").decode().splitlines() == [
+        "a Q0 a 1 1.000000 run", "bb Q0 bb 2 2.000000 run", "ccc Q0 ccc 10 3.000000 run"]
+    assert trec_lines(pa.array([], pa.string()), pa.array([], pa.string()), [], [], "t") == b""
+    with pytest.raises(ValueError, match="one word"):
+        trec_lines(chunked, chunked, [1, 2, 3], [1.0, 2.0, 3.0], "two words")
+    with pytest.raises(ValueError, match="qid and a doc_id"):
+        trec_lines(pa.array(["a", None]), pa.array(["x", "y"]), [1, 2], [1.0, 1.0], "t")
 
 
 def test_query_workers_shard_actors_and_the_in_process_scorer_write_the_same_runs(warehouse, tiny_warehouse,

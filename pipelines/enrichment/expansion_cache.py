@@ -4,6 +4,7 @@ version. Read by serving and written by sira.pipelines.enrichment.query_expansio
 from __future__ import annotations
 
 import hashlib
+from typing import Collection
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,24 +21,36 @@ def query_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
-def cached_expansions(warehouse: str, model: str, prompt_version: str) -> dict[str, Proposal]:
-    """query_hash -> proposal of every successful expansion for (model, prompt_version)."""
+def cached_expansions(warehouse: str, model: str, prompt_version: str,
+                      hashes: Collection[str] | None = None) -> dict[str, Proposal]:
+    """query_hash -> proposal of every successful expansion for (model, prompt_version); with `hashes`, of those
+    queries only: the filter runs in the scan, so a run that asks chunk by chunk builds proposals for its chunk, not
+    for the whole table."""
     uri = tables.table_uri(warehouse, tables.EXPANSIONS)
     if not table_exists(uri):
         return {}
-    t = read_table(uri)
-    t = t.filter(pc.and_(pc.and_(pc.equal(t["model"], model), pc.equal(t["prompt_version"], prompt_version)),
-                         pc.is_null(t["error"])))
+    return proposals_of(read_table(uri, filters=_key(model, prompt_version, hashes)))
+
+
+def proposals_of(rows: pa.Table) -> dict[str, Proposal]:
+    """query_hash -> proposal of the successful rows of an expansions table (or of a chunk written to it)."""
+    t = rows.filter(pc.is_null(rows["error"]))
     weights = t["weights"].to_pylist() if "weights" in t.schema.names else [None] * t.num_rows
     return {h: Proposal(list(p or []), list(w) if w is not None else [1.0] * len(p or []))
             for h, p, w in zip(t["query_hash"].to_pylist(), t["phrases"].to_pylist(), weights)}
 
 
-def errored_expansions(warehouse: str, model: str, prompt_version: str) -> pa.Table | None:
-    """query_hash of every errored expansion for (model, prompt_version) (None: no table)."""
+def _key(model: str, prompt_version: str, hashes: Collection[str] | None) -> list[tuple]:
+    key = [("model", "=", model), ("prompt_version", "=", prompt_version)]
+    return key + [("query_hash", "in", sorted(hashes))] if hashes is not None else key
+
+
+def errored_expansions(warehouse: str, model: str, prompt_version: str,
+                       hashes: Collection[str] | None = None) -> pa.Table | None:
+    """query_hash of every errored expansion for (model, prompt_version) (None: no table); with `hashes`, of those
+    queries only."""
     uri = tables.table_uri(warehouse, tables.EXPANSIONS)
     if not table_exists(uri):
         return None
-    t = read_table(uri, columns=["query_hash", "model", "prompt_version", "error"])
-    return t.filter(pc.and_(pc.and_(pc.equal(t["model"], model), pc.equal(t["prompt_version"], prompt_version)),
-                            pc.is_valid(t["error"]))).select(["query_hash"])
+    t = read_table(uri, columns=["query_hash", "error"], filters=_key(model, prompt_version, hashes))
+    return t.filter(pc.is_valid(t["error"])).select(["query_hash"])

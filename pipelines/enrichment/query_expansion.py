@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.enrichment.ray_enrich import init_ray, propose, with_replaces_error
-from sira.pipelines.enrichment.expansion_cache import errored_expansions, QUERY_MAX_N, query_hash, cached_expansions
+from sira.pipelines.enrichment.expansion_cache import (QUERY_MAX_N, cached_expansions, errored_expansions,
+                                                       proposals_of, query_hash)
 from sira.core import tables
 from sira.core.enrichment import load_template
 from sira.core.proposers import Proposal
@@ -31,8 +32,8 @@ def expand_queries(
     template = load_template("query", task)
     model = backend.model_id()
     version = backend.proposal_version(template.version)
-    cached = cached_expansions(warehouse, model, version)
     by_hash = {query_hash(text): text for text in queries.values()}
+    cached = cached_expansions(warehouse, model, version, by_hash)
     todo = sorted(h for h in by_hash if h not in cached)
     counters = {"expanded": 0, "errors": 0, "cached": len(by_hash) - len(todo), "input_tokens": 0, "output_tokens": 0}
     on_progress(sum(query_hash(text) in cached for text in queries.values()))  # answered already: counted as done
@@ -46,13 +47,13 @@ def expand_queries(
             vocabulary, analyzer_json = load_vocabulary(warehouse, manifest, backend.encoder), manifest["analyzer_json"]
         init_ray(ray_address)
         table = with_replaces_error(pa.table({"query_hash": todo, "query": [by_hash[h] for h in todo]}),
-                                    errored_expansions(warehouse, model, version), ("query_hash",))
+                                    errored_expansions(warehouse, model, version, todo), ("query_hash",))
         render = (lambda row: row["query"]) if backend.backend == "encoder" else \
             (lambda row: template.render(row["query"], QUERY_MAX_N))
         done = propose(warehouse, tables.EXPANSIONS, table, ("query_hash", "query"), render, version, backend,
-                       QUERY_MAX_N, commit_every, on_progress, vocabulary, analyzer_json)
+                       QUERY_MAX_N, commit_every, on_progress, vocabulary, analyzer_json,
+                       after_commit=lambda chunk: cached.update(proposals_of(chunk)))
         counters.update(expanded=done["enriched"], errors=done["errors"], input_tokens=done["input_tokens"],
                         output_tokens=done["output_tokens"])
-        cached = cached_expansions(warehouse, model, version)
     proposals = {qid: cached.get(query_hash(text), Proposal([], [])) for qid, text in queries.items()}
     return proposals, {**counters, "model": model, "prompt_version": version}

@@ -3,8 +3,9 @@
 A run reads its query file line by line (`iter_queries`), in chunks of bounded size; each chunk's rows, the scored
 queries (program, ranked hits, index version) and the rejected lines (with their reason), are appended in one
 commit. Every row carries its line number, so the committed part of a run is a prefix of its file: a killed run
-resumes after the last committed line (`QueryRun.resume`), and the outputs (a TREC run and a Parquet run) are
-written from the table file by file in line order, with memory bounded by one commit's rows.
+resumes after the last committed line (`QueryRun.resume`). The outputs (a TREC run and a Parquet run) are written
+as the run goes, each commit's hits after its commit (`RunOutputs`), a resumed run's committed part first from the
+table; memory is bounded by one commit's rows.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.storage.delta_io import open_data_file, table_exists, write_table
 from sira.core import tables
 from sira.core.datasets import iter_lines
+from sira.core.trec_format import trec_lines
 
 # A Parquet run: one row per hit, what a reader of rankings needs without the programs (those are in the runs
 # table, by program_id).
@@ -180,7 +182,16 @@ class Resumed:
     scored: int = 0
     rejected: int = 0
     expansion: dict = field(default_factory=dict)  # the proposer's counters, added up over this invocation's chunks
-    seconds: dict = field(default_factory=lambda: dict.fromkeys(("expansion", "scoring", "commits"), 0.0))
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(("expansion", "scoring", "commits", "outputs"), 0.0))
+    commit_seconds: list[float] = field(default_factory=list)  # each commit's append, in order (is its cost flat?)
+
+    def commit_cost(self) -> dict:
+        """The mean seconds of an append in the first and the last tenth of this invocation's commits."""
+        n = len(self.commit_seconds)
+        tenth = max(1, n // 10)
+        mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+        return {"commits": n, "first_tenth_s": mean(self.commit_seconds[:tenth]),
+                "last_tenth_s": mean(self.commit_seconds[-tenth:])}
 
 
 class QueryRun:
@@ -188,6 +199,7 @@ class QueryRun:
 
     def __init__(self, warehouse: str, run_id: str):
         self.uri, self.run_id = tables.table_uri(warehouse, tables.RUNS), run_id
+        self.outputs: RunOutputs | None = None  # open_outputs: the TREC and Parquet files each commit adds to
 
     def _files(self) -> list[tuple[int, str]]:
         """(first line, path) of the table's data files that hold this run, in line order. Each commit of a run
@@ -288,17 +300,22 @@ class QueryRun:
         programs, results = scorer.collect(handle, advance)
         state.seconds["scoring"] += time.perf_counter() - t
         t = time.perf_counter()
-        self.commit(lines, dict(zip((q.qid for q in todo), programs)), results, index_version)
-        state.seconds["commits"] += time.perf_counter() - t
+        rows = self.commit(lines, dict(zip((q.qid for q in todo), programs)), results, index_version)
+        state.commit_seconds.append(time.perf_counter() - t)
+        state.seconds["commits"] += state.commit_seconds[-1]
+        if self.outputs is not None:
+            t = time.perf_counter()
+            self.outputs.add(_hits_table(rows), len(todo), len(lines) - len(todo))
+            state.seconds["outputs"] += time.perf_counter() - t
         state.last_line = lines[-1].line
         state.scored += len(todo)
         state.rejected += len(lines) - len(todo)
 
     def commit(self, lines: Sequence[QueryLine], programs: dict[str, str], results: pa.Table,
-               index_version: int) -> None:
+               index_version: int) -> pa.Table:
         """One chunk's rows in one append: each line in order, scored (`programs`: qid -> program JSON; `results`,
-        the Retriever's table, its hits grouped by query in line order) or rejected. An append, not a MERGE: a
-        MERGE reads the table it merges into, so each commit cost more as the run grew; the rows are new by
+        the Retriever's table, its hits grouped by query in line order) or rejected; returns them. An append, not a
+        MERGE: a MERGE reads the table it merges into, so each commit cost more as the run grew; the rows are new by
         construction (the lines after the last committed one)."""
         hits = pc.value_counts(results["qid"])
         per_qid = dict(zip(hits.field("values").to_pylist(), hits.field("counts").to_pylist()))
@@ -306,7 +323,7 @@ class QueryRun:
         offsets = pa.array(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32))
         program = [programs[q.qid] if q.error is None else "" for q in lines]
         n = len(lines)
-        write_table(self.uri, pa.table({
+        rows = pa.table({
             "run_id": [self.run_id] * n, "line": [q.line for q in lines], "qid": [q.qid for q in lines],
             "query": [q.text[:tables.RAW_KEEP_CHARS] if q.error else q.text for q in lines], "program": program,
             "program_id": [program_id(p) if p else "" for p in program],
@@ -314,37 +331,79 @@ class QueryRun:
             "scores": pa.ListArray.from_arrays(offsets, results["score"].combine_chunks().cast(pa.float32())),
             "index_version": [index_version] * n, "error": [q.error for q in lines],
             "created_at": [datetime.now(timezone.utc)] * n,
-        }, schema=tables.RUNS_SCHEMA))
+        }, schema=tables.RUNS_SCHEMA)
+        write_table(self.uri, rows)
+        return rows
 
-    def write_outputs(self, trec: Path, parquet: Path | None, tag: str) -> dict:
-        """The run's TREC file (`qid Q0 doc rank score tag`) and Parquet run, in line order, each written to a
-        temporary file and renamed once complete; returns the counts."""
+    def open_outputs(self, trec: Path, parquet: Path | None, tag: str, state: Resumed) -> "RunOutputs":
+        """The run's TREC and Parquet files, opened to be written as the run goes (a context: renamed into place
+        when it ends without an error): a resumed run's committed part is written first, from the table, so the
+        files hold exactly the committed lines however often the run was killed; each commit then adds its hits."""
+        t = time.perf_counter()
+        self.outputs = RunOutputs(trec, parquet, tag)
+        try:
+            for rows in self.rows(["qid", "doc_ids", "scores", "program_id", "error"]):
+                scored = pc.sum(pc.is_null(rows["error"]).cast(pa.int64())).as_py() or 0
+                self.outputs.add(_hits_table(rows), scored, rows.num_rows - scored)
+        except BaseException:
+            self.outputs.abort()
+            raise
+        state.seconds["outputs"] += time.perf_counter() - t
+        return self.outputs
+
+
+class RunOutputs:
+    """A run's TREC file (`qid Q0 doc rank score tag`) and Parquet run, appended to in line order as `.part` files
+    and renamed when the run is complete (`close`), so a reader never sees a half-written run. Written as the run
+    goes rather than read back from the runs table at its end: at k=1000 the hits of 100,000 queries are 100M
+    lines, which would otherwise be written while the workers stand idle."""
+
+    SLICE = 1 << 20  # hits formatted at a time: a slice's TREC text is ~50 MB
+
+    def __init__(self, trec: Path, parquet: Path | None, tag: str):
         import pyarrow.parquet as pq
 
-        counts = {"scored": 0, "rejected": 0, "hits": 0}
+        self.trec, self.parquet, self.tag = trec, parquet, tag
+        self.counts = {"scored": 0, "rejected": 0, "hits": 0}
         trec.parent.mkdir(parents=True, exist_ok=True)
-        tmp_trec = trec.with_name(trec.name + ".part")
-        tmp_parquet = parquet.with_name(parquet.name + ".part") if parquet is not None else None
-        writer = pq.ParquetWriter(tmp_parquet, PARQUET_RUN_SCHEMA) if tmp_parquet is not None else None
-        try:
-            with pa.OSFile(str(tmp_trec), "wb") as out:
-                for t in self.rows(["qid", "doc_ids", "scores", "program_id", "error"]):
-                    ok = t.filter(pc.is_null(t["error"]))
-                    counts["scored"] += ok.num_rows
-                    counts["rejected"] += t.num_rows - ok.num_rows
-                    hits = _hits_table(ok)
-                    counts["hits"] += hits.num_rows
-                    if hits.num_rows:
-                        out.write(trec_lines(hits, tag))
-                    if writer is not None:
-                        writer.write_table(hits)
-        finally:
-            if writer is not None:
-                writer.close()
-        os.replace(tmp_trec, trec)
-        if tmp_parquet is not None:
-            os.replace(tmp_parquet, parquet)
-        return counts
+        self._trec_part = trec.with_name(trec.name + ".part")
+        self._parquet_part = parquet.with_name(parquet.name + ".part") if parquet is not None else None
+        self._out = open(self._trec_part, "wb")
+        # Dictionary pages for the columns that repeat (a query's id and program on each of its hits), not doc ids:
+        # their dictionary would overflow and fall back anyway, at twice the cost of writing them plain.
+        self._writer = pq.ParquetWriter(self._parquet_part, PARQUET_RUN_SCHEMA, use_dictionary=["qid", "program_id"]) \
+            if self._parquet_part is not None else None
+
+    def add(self, hits: pa.Table, scored: int, rejected: int) -> None:
+        """Hits (PARQUET_RUN_SCHEMA, in line and rank order) of `scored` queries, with `rejected` lines beside."""
+        for start in range(0, hits.num_rows, self.SLICE):
+            part = hits.slice(start, self.SLICE)
+            self._out.write(trec_lines(part["qid"], part["doc_id"], part["rank"], part["score"], self.tag))
+        if self._writer is not None and hits.num_rows:
+            self._writer.write_table(hits)
+        self.counts["scored"] += scored
+        self.counts["rejected"] += rejected
+        self.counts["hits"] += hits.num_rows
+
+    def close(self) -> dict:
+        """Finish both files and rename them into place; returns the counts (scored, rejected, hits)."""
+        self.abort()
+        os.replace(self._trec_part, self.trec)
+        if self._parquet_part is not None:
+            os.replace(self._parquet_part, self.parquet)
+        return self.counts
+
+    def abort(self) -> None:
+        """Close both files and leave them as `.part` (a rerun rewrites them from the committed rows)."""
+        self._out.close()
+        if self._writer is not None and self._writer.is_open:
+            self._writer.close()
+
+    def __enter__(self) -> "RunOutputs":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        self.close() if kind is None else self.abort()
 
 
 class ChunkScorer(Protocol):
@@ -405,24 +464,6 @@ def chunk_scorer(cfg: QueryConfig, manifest: dict) -> tuple[object | None, Chunk
     retriever, _ = open_retriever(cfg.warehouse, manifest=manifest, scorer=cfg.scorer, proposer=proposer, tau=cfg.tau,
                                   w=cfg.w, k=cfg.k, batch_size=cfg.batch_size)
     return proposer, RetrieverChunks(retriever)
-
-
-def trec_lines(hits: pa.Table, tag: str) -> bytes:
-    """`qid Q0 doc_id rank score tag` lines of a hits table (PARQUET_RUN_SCHEMA), the score with six decimals
-    exactly as Python's "%.6f" writes it, built column-wise (20M hits: no Python object per hit). A float32 score
-    times 10^6 is exact in float64 (24 + 20 significant bits), so rounding it half to even is the decimal rounding
-    "%.6f" does."""
-    micro = np.rint(hits["score"].to_numpy().astype(np.float64) * 1e6).astype(np.int64)
-    whole, frac = pa.array(micro // 1_000_000), pa.array(micro % 1_000_000)
-    score = pc.binary_join_element_wise(pc.cast(whole, pa.string()),
-                                        pc.utf8_lpad(pc.cast(frac, pa.string()), 6, "0"), ".")
-    line = pc.binary_join_element_wise(hits["qid"], "Q0", hits["doc_id"], pc.cast(hits["rank"], pa.string()), score,
-                                       tag + "\n", " ")
-    out = []
-    for chunk in line.chunks if isinstance(line, pa.ChunkedArray) else [line]:
-        offsets = np.frombuffer(chunk.buffers()[1], np.int32)[chunk.offset:chunk.offset + len(chunk) + 1]
-        out.append(memoryview(chunk.buffers()[2])[offsets[0]:offsets[-1]])  # the lines, back to back
-    return b"".join(out)
 
 
 def _hits_table(rows: pa.Table) -> pa.Table:
