@@ -85,8 +85,7 @@ def _write_lines(q_off, q_data, d_off, d_data, ranks, micro, tag, out):
 def trec_lines(qid: pa.Array | pa.ChunkedArray, doc_id: pa.Array | pa.ChunkedArray, rank, score, tag: str) -> bytes:
     """The TREC lines of hits given as columns (qid and doc_id strings, rank integers, score floats written as
     their float32 value), back to back, each ending in a newline."""
-    if any(c.isspace() for c in tag) or not tag:
-        raise ValueError(f"a TREC run tag is one word, got {tag!r}")
+    check_tag(tag)
     q_off, q_data = _string_buffers(qid)
     d_off, d_data = _string_buffers(doc_id)
     ranks = _numpy(rank).astype(np.int64, copy=False)
@@ -99,6 +98,12 @@ def trec_lines(qid: pa.Array | pa.ChunkedArray, doc_id: pa.Array | pa.ChunkedArr
     out = np.empty(size, np.uint8)
     end = _write_lines(q_off, q_data, d_off, d_data, ranks, micro, tag_bytes, out)
     return out[:end].tobytes()
+
+
+def check_tag(tag: str) -> None:
+    """A TREC run's tag is its sixth column: one word."""
+    if not tag or any(c.isspace() for c in tag):
+        raise ValueError(f"a TREC run tag is one word, got {tag!r}")
 
 
 def _numpy(column) -> np.ndarray:

@@ -31,7 +31,7 @@ from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.storage.delta_io import open_data_file, table_exists, write_table
 from sira.core import tables
 from sira.core.datasets import iter_lines
-from sira.core.trec_format import trec_lines
+from sira.core.trec_format import check_tag, trec_lines
 
 # A Parquet run: one row per hit, what a reader of rankings needs without the programs (those are in the runs
 # table, by program_id).
@@ -363,6 +363,7 @@ class RunOutputs:
     def __init__(self, trec: Path, parquet: Path | None, tag: str):
         import pyarrow.parquet as pq
 
+        check_tag(tag)  # before any work: the run id makes the tag
         self.trec, self.parquet, self.tag = trec, parquet, tag
         self.counts = {"scored": 0, "rejected": 0, "hits": 0}
         trec.parent.mkdir(parents=True, exist_ok=True)
