@@ -5,6 +5,7 @@ decisions, shard arrays and rankings (real local Spark and Delta)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -80,18 +81,27 @@ def assert_same_index(wh: str, reference: str, enriched: bool) -> None:
                [(h.doc_id, h.score) for h in theirs.search(q, k=20)], q
 
 
+def after_night(nights, night: int, to: Path) -> str:
+    """A copy at `to` of the nights fixture's warehouse as it was after night 1 or 2 (plain and enriched builds
+    published), for a test that goes on from there: the copy's own path keys its shard cache."""
+    return str(shutil.copytree(Path(nights[0]).parent / f"after-night-{night}", to))
+
+
 @pytest.fixture(scope="module")
 def nights(tmp_path_factory, spark):
     """Night 1 (full builds, plain and enriched), then night 2's changes built incrementally; and a reference
-    warehouse that holds night 2's corpus from scratch."""
+    warehouse that holds night 2's corpus from scratch. The warehouse is also kept as it was after each night
+    (`after_night`), since tests here change it."""
     tmp = tmp_path_factory.mktemp("incremental")
     wh, reference = str(tmp / "wh"), str(tmp / "reference")
     ingest(wh, TINY_DOCS, tmp)
     enrich(wh)
     first = {"plain": build(wh, spark, enrichment=False), "enriched": build(wh, spark, enrichment=True, tau=TAU)}
+    shutil.copytree(wh, tmp / "after-night-1")
     ingest(wh, NIGHT_2, tmp, mode="merge")
     enrich(wh)
     second = {"plain": build(wh, spark, enrichment=False), "enriched": build(wh, spark, enrichment=True, tau=TAU)}
+    shutil.copytree(wh, tmp / "after-night-2")
     ingest(reference, NIGHT_2, tmp)
     enrich(reference)
     build(reference, spark, enrichment=False)
@@ -143,24 +153,32 @@ def enrich_d09_again(wh: str) -> None:
     commit(wh, enrichment_rows(read_table(f"{wh}/docs"), D09_AGAIN, model="fake-llm-2"))
 
 
-def test_enriched_nights_in_a_row_decide_only_what_can_change_and_equal_rebuilds(nights, tmp_path, spark):
+@pytest.fixture(scope="module")
+def night_3_rebuilt(tmp_path_factory, spark) -> str:
+    """Night 3's corpus (d09 enriched again) built from scratch, plain and enriched: what night 3 must equal."""
+    tmp = tmp_path_factory.mktemp("night-3")
+    again = str(tmp / "again")
+    ingest(again, NIGHT_3, tmp)
+    enrich(again)
+    enrich_d09_again(again)
+    build(again, spark, enrichment=False)
+    build(again, spark, enrichment=True, tau=TAU)
+    return again
+
+
+def test_enriched_nights_in_a_row_decide_only_what_can_change_and_equal_rebuilds(nights, night_3_rebuilt, tmp_path,
+                                                                                spark):
     """Three enriched nights on one warehouse: a phrase kept, dropped as too common (its DF crossed tau x |C|) and
-    kept again, and a document enriched again without a change of content; each night equals a rebuild."""
-    _, reference, _, _ = nights
-    wh, again = str(tmp_path / "wh"), str(tmp_path / "again")
-    ingest(wh, TINY_DOCS, tmp_path)
-    enrich(wh)
-    build(wh, spark, enrichment=False)
-    build(wh, spark, enrichment=True, tau=TAU)
+    kept again, and a document enriched again without a change of content; each night equals a rebuild. Nights 1
+    and 2 are the nights fixture's (test_an_incremental_build_equals_a_full_rebuild checks night 2 against its
+    rebuild); this test goes on from a copy of the warehouse after night 2."""
+    _, _, _, nights_built = nights
+    second = nights_built["enriched"]
     d12 = lambda w: {r["phrase"]: r["reason"] for r in version_injections(  # noqa: E731
         w, find_index(w, enriched=True), ["d12"]).to_pylist()}
-    assert d12(wh) == {"insulin": "kept", "glycemic control": "kept"}
-    ingest(wh, NIGHT_2, tmp_path, mode="merge")
-    enrich(wh)
-    build(wh, spark, enrichment=False)
-    second = build(wh, spark, enrichment=True, tau=TAU)
+    assert d12(after_night(nights, 1, tmp_path / "night-1")) == {"insulin": "kept", "glycemic control": "kept"}
+    wh = after_night(nights, 2, tmp_path / "wh")
     assert second["base_version"] is not None and d12(wh)["insulin"] == "too common"
-    assert_same_index(wh, reference, enriched=True)
     ingest(wh, NIGHT_3, tmp_path, mode="merge")
     enrich(wh)
     enrich_d09_again(wh)
@@ -171,12 +189,7 @@ def test_enriched_nights_in_a_row_decide_only_what_can_change_and_equal_rebuilds
     # d12 (its decision back) and d09 (its new enrichment) enter again; d13 went. Nothing else moves.
     entered = read_table(f"{wh}/segment_docs", filters=[("segment", "=", third["index_version"])])
     assert sorted(entered["doc_id"].to_pylist()) == ["d09", "d12"]
-    ingest(again, NIGHT_3, tmp_path)
-    enrich(again)
-    enrich_d09_again(again)
-    build(again, spark, enrichment=False)
-    build(again, spark, enrichment=True, tau=TAU)
-    assert_same_index(wh, again, enriched=True)
+    assert_same_index(wh, night_3_rebuilt, enriched=True)
     assert {r["phrase"] for r in version_injections(wh, find_index(wh, enriched=True), ["d09"]).to_pylist()} == \
         set(D09_AGAIN["d09"])
 
@@ -249,19 +262,20 @@ def test_term_statistics_chain_over_nights_and_are_written_whole_past_the_limit(
     assert_same_index(wh, reference, enriched=False)
 
 
-def test_past_the_segment_limit_a_night_merges_the_small_segments_into_its_own(nights, tmp_path, spark):
+def test_past_the_segment_limit_a_night_merges_the_small_segments_into_its_own(nights, night_3_rebuilt, tmp_path,
+                                                                              spark):
     """At most 2 segments: night 2 merges the midnight segment (d13 still live in it) into its new segment instead
     of rebuilding in full; the merged segment leaves the version with its tombstones, its document keeps its
     analysis, injections and decisions, and the index equals a rebuild's. Night 3 (3 allowed) then deletes d13
-    from the merged segment."""
-    _, reference, _, _ = nights
-    wh, again = str(tmp_path / "wh"), str(tmp_path / "again")
-    ingest(wh, TINY_DOCS, tmp_path)
-    enrich(wh)
-    rows = {"plain": [build(wh, spark, enrichment=False)], "enriched": [build(wh, spark, enrichment=True, tau=TAU)]}
+    from the merged segment. Goes on from a copy of the nights fixture's warehouse after night 1."""
+    _, reference, first, _ = nights
+    wh, again = after_night(nights, 1, tmp_path / "wh"), night_3_rebuilt
+    rows = {kind: [first[kind]] for kind in ("plain", "enriched")}
     for night, limit in ((MIDNIGHT, 2), (NIGHT_2, 2), (NIGHT_3, 3)):
         ingest(wh, night, tmp_path, mode="merge")
         enrich(wh)
+        if night is NIGHT_3:
+            enrich_d09_again(wh)  # as night_3_rebuilt has it
         policy = {"max_segments": limit, "merge_below_fraction": 0.5, "max_dead_fraction": 0.5}
         rows["plain"].append(build(wh, spark, enrichment=False, **policy))
         rows["enriched"].append(build(wh, spark, enrichment=True, tau=TAU, **policy))
@@ -286,10 +300,6 @@ def test_past_the_segment_limit_a_night_merges_the_small_segments_into_its_own(n
                                                        ("segment", "=", merged["index_version"])])
         where = {(r["shard"], r["doc_ord"]): r["doc_id"] for r in held.to_pylist()}
         assert "d13" in {where[(r["shard"], r["doc_ord"])] for r in dead.to_pylist()}
-    ingest(again, NIGHT_3, tmp_path)
-    enrich(again)
-    build(again, spark, enrichment=False)
-    build(again, spark, enrichment=True, tau=TAU)
     assert_same_index(wh, again, enriched=False)
     assert_same_index(wh, again, enriched=True)
     # Too many dead documents for the policy, even with the small segments merged: every segment merges (the
@@ -393,11 +403,7 @@ def test_stale_analyses_are_compacted_and_a_build_that_needed_one_is_built_in_fu
 
     _, reference, _, _ = nights
     monkeypatch.setattr(index_build, "STALE_ANALYSIS_FRACTION", 0.1)
-    wh = str(tmp_path / "wh")
-    ingest(wh, TINY_DOCS, tmp_path)
-    enrich(wh)
-    build(wh, spark, enrichment=False)
-    build(wh, spark, enrichment=True, tau=TAU)
+    wh = after_night(nights, 1, tmp_path / "wh")  # night 1 leaves nothing stale to compact
     ingest(wh, NIGHT_2, tmp_path, mode=mode)
     enrich(wh)
     plain = build(wh, spark, enrichment=False)  # 2 stale analyses (d03's old text, d08) > 0.1 * 13: compacted
