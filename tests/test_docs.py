@@ -96,3 +96,18 @@ def test_the_readme_scale_table_is_the_committed_results():
             ("k=1000 q/s against bm25s (the smaller)", "k1000_ratio_vs_bm25s_numba", "x"),
             ("bm25s's resident memory over ours", "memory_ratio_vs_bm25s", "")):
         assert rows[row][0] == f"{result(row)[key]:.2f}{unit}", row
+
+
+def test_the_docs_medians_of_make_bench_are_recomputed_from_the_committed_runs():
+    """bench/medians.py's summary of the dd3d740 triple is what its runs give, and docs/benchmarks.md quotes it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_medians", REPO / "bench" / "medians.py")
+    medians = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(medians)
+    triple = json.loads((RESULTS / "query_speed_dd3d740.json").read_text("utf-8"))
+    assert len(triple["runs"]) >= 3 and medians.summarize(triple["runs"]) == triple["summary"]
+    text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")
+    for dataset in ("scifact", "arguana"):
+        s = triple["summary"][f"datasets.{dataset}.k10.ratio_vs_bm25s_numba"]
+        assert f"{dataset} **{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})**" in text
