@@ -111,3 +111,12 @@ def test_the_docs_medians_of_make_bench_are_recomputed_from_the_committed_runs()
     for dataset in ("scifact", "arguana"):
         s = triple["summary"][f"datasets.{dataset}.k10.ratio_vs_bm25s_numba"]
         assert f"{dataset} **{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})**" in text
+
+
+def test_the_docs_medians_of_the_200k_searcher_are_the_committed_runs():
+    triple = json.loads((RESULTS / "searcher_scale_200k_65520b2.json").read_text("utf-8"))
+    text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")
+    plain, expanded = (triple["summary"][f"speed.{kind}_k10.ratio_vs_bm25s_numba"] for kind in ("plain", "expanded"))
+    assert len(triple["runs"]) >= 3
+    assert (f"k=10 **{plain['median']:.2f}x ({plain['min']:.2f}-{plain['max']:.2f}) / "
+            f"{expanded['median']:.2f}x ({expanded['min']:.2f}-{expanded['max']:.2f})**") in text
