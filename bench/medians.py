@@ -42,8 +42,11 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     if missing:
         i, p = missing[0]
         raise SystemExit(f"run {i + 1} has no {p}: the runs are not of one benchmark ({len(missing)} missing)")
-    return {p: {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
-            for p in paths for values in [[found[p] for found in per_run]]}
+    summary = {}
+    for p in paths:
+        values = [found[p] for found in per_run]
+        summary[p] = {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+    return summary
 
 
 def main(argv=None) -> None:

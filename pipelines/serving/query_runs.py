@@ -343,7 +343,7 @@ class QueryRun:
         self.outputs = RunOutputs(trec, parquet, tag)
         try:
             for rows in self.rows(["qid", "doc_ids", "scores", "program_id", "error"]):
-                scored = pc.sum(pc.is_null(rows["error"]).cast(pa.int64())).as_py() or 0
+                scored = rows["error"].null_count  # a rejected line has its reason there
                 self.outputs.add(_hits_table(rows), scored, rows.num_rows - scored)
         except BaseException:
             self.outputs.abort()
@@ -388,7 +388,7 @@ class RunOutputs:
 
     def close(self) -> dict:
         """Finish both files and rename them into place; returns the counts (scored, rejected, hits)."""
-        self.abort()
+        self._close_files()
         os.replace(self._trec_part, self.trec)
         if self._parquet_part is not None:
             os.replace(self._parquet_part, self.parquet)
@@ -396,6 +396,9 @@ class RunOutputs:
 
     def abort(self) -> None:
         """Close both files and leave them as `.part` (a rerun rewrites them from the committed rows)."""
+        self._close_files()
+
+    def _close_files(self) -> None:
         self._out.close()
         if self._writer is not None and self._writer.is_open:
             self._writer.close()
