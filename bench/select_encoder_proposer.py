@@ -6,11 +6,14 @@ computed once per dataset by the packaged encoder and cached under --cache (as .
 
     python bench/select_encoder_proposer.py --dataset beir:scifact --split train --output-json F   # select
     python bench/select_encoder_proposer.py --dataset beir:scifact --split test --only CONFIG_JSON   # report
+    python bench/select_encoder_proposer.py --encoder bge-small-en-v1.5 ...   # the second embedded encoder
+    python bench/select_encoder_proposer.py ... --baseline CONFIG_JSON --only CONFIG_JSON   # two settings, paired
 
-Per configuration: nDCG@10, Recall@10/100, and against plain BM25 the paired randomization test p-value
-(`sira.core.metrics.paired_comparison`: 10,000 seeded random swaps; the committed `bench/results/encoder_*.json`
-were written with ranx's "fisher" test, whose parallel draws its seed does not fix: a rerun moves p in the third
-decimal) and per-query wins / losses on nDCG@10.
+Per configuration: nDCG@10, Recall@10/100, and against plain BM25 (or --baseline) the paired randomization test
+p-value (`sira.core.metrics.paired_comparison`: 10,000 seeded random swaps; all-MiniLM-L6-v2's committed
+`bench/results/encoder_*.json` were written with ranx's "fisher" test, whose parallel draws its seed does not fix:
+a rerun moves p in the third decimal; the `*_bge_*` files with the seeded test) and per-query wins / losses on
+nDCG@10.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from ranx import Qrels, Run, evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sira.pipelines.enrichment.encoder import MiniLMEncoder  # noqa: E402
+from sira.pipelines.enrichment.encoder import SentenceEncoder  # noqa: E402
+from sira.pipelines.enrichment.encoder_proposer import shared_encoder  # noqa: E402
 from sira.core.analysis import Analyzer, index_text, ngrams  # noqa: E402
 from sira.core.datasets import resolve_dataset  # noqa: E402
 from sira.core.dfstats import DFTable  # noqa: E402
@@ -35,13 +39,13 @@ from sira.core.memory_index import build_searcher  # noqa: E402
 from sira.core.presets import get_preset  # noqa: E402
 from sira.core.query_path import QueryPath  # noqa: E402
 from sira.core.retriever import Retriever, hits_by_query  # noqa: E402
-from sira.core.proposers import (EncoderProposerConfig, Vocabulary, held_terms, nearest_entries,  # noqa: E402
+from sira.core.proposers import (DEFAULT_ENCODER, EncoderProposerConfig, Vocabulary, held_terms, nearest_entries,  # noqa: E402
                                  surface_forms, vocabulary_entries)
 
 METRICS = ["ndcg@10", "recall@10", "recall@100"]
 
 
-def cached_encode(encoder: MiniLMEncoder, texts: list[str], path: Path) -> np.ndarray:
+def cached_encode(encoder: SentenceEncoder, texts: list[str], path: Path) -> np.ndarray:
     if path.exists():
         vecs = np.load(path)
         if len(vecs) == len(texts):
@@ -59,14 +63,18 @@ def main() -> None:
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--split", required=True)
     ap.add_argument("--preset", default="sira")
+    ap.add_argument("--encoder", default=DEFAULT_ENCODER, help="the embedded encoder (EncoderProposerConfig.model)")
     ap.add_argument("--cache", default=".cache/encoder")
     ap.add_argument("--doc-n", default="0,5,10", help="doc-side proposals (0: no corpus side)")
     ap.add_argument("--query-n", default="0,5,10", help="query-side proposals (0: no query side)")
     ap.add_argument("--entries", default="unigram,bigram")
     ap.add_argument("--tau", default="0.02,0.05,0.1")
     ap.add_argument("--w", default="0.25,0.5,1.0")
+    ap.add_argument("--min-similarity", default="0.2", help="cosine below which nothing is proposed (both sides)")
     ap.add_argument("--only", help="JSON of one configuration (doc_n, query_n, entries, tau, w) or a list of them: "
                                    "report just these")
+    ap.add_argument("--baseline", help="JSON of the configuration the others are tested against (default: plain "
+                                       "BM25, named bm25 in the results)")
     ap.add_argument("--output-json")
     args = ap.parse_args()
 
@@ -83,8 +91,9 @@ def main() -> None:
             docs.append((str(o["_id"]), o.get("title") or "", o.get("text") or ""))
     qrels = ds.qrels(args.split)
     queries = ds.queries(args.split)
-    cache = Path(args.cache) / ds.name
-    encoder = MiniLMEncoder()
+    # The default encoder's vectors keep the cache folder they had before the encoder was a setting.
+    cache = Path(args.cache) / (ds.name if args.encoder == DEFAULT_ENCODER else f"{args.encoder}/{ds.name}")
+    encoder = shared_encoder(model=args.encoder)
     print(f"{ds.name}/{args.split}: {len(docs)} docs, {len(queries)} queries", flush=True)
 
     texts = [index_text(t, x) for _, t, x in docs]
@@ -103,7 +112,7 @@ def main() -> None:
 
     def vocabulary(entries: str, tau: float) -> Vocabulary:
         if (entries, tau) not in vocabularies:
-            cfg = EncoderProposerConfig(entries=entries, vocabulary_tau=tau)
+            cfg = EncoderProposerConfig(model=args.encoder, entries=entries, vocabulary_tau=tau)
             ents = vocabulary_entries(term_df, forms, len(docs), cfg)
             surfaces = [e.surface for e in ents]
             all_vecs = _surface_vectors(encoder, surfaces, cache)
@@ -116,21 +125,21 @@ def main() -> None:
         only = json.loads(args.only)
         grid = only if isinstance(only, list) else [only]
     else:
-        grid = [dict(doc_n=dn, query_n=qn, entries=e, tau=t, w=w)
-                for dn, qn, e, t, w in itertools.product(_ints(args.doc_n), _ints(args.query_n),
-                                                        args.entries.split(","), _floats(args.tau), _floats(args.w))
-                if not (qn == 0 and w != _floats(args.w)[0]) and not (dn == 0 and qn == 0 and (
-                    e != args.entries.split(",")[0] or t != _floats(args.tau)[0]))]
+        grid = _grid(args)
     results = []
     searchers: dict[tuple, object] = {}
     baseline_run = None
-    for cfg in [dict(doc_n=0, query_n=0, entries="unigram", tau=0.05, w=0.5)] + grid:
-        key = (cfg["doc_n"], cfg["entries"] if cfg["doc_n"] else "", cfg["tau"] if cfg["doc_n"] else 0)
+    plain = dict(doc_n=0, query_n=0, entries="unigram", tau=0.05, w=0.5)
+    for cfg in [json.loads(args.baseline) if args.baseline else plain] + grid:
+        cfg.setdefault("min_similarity", EncoderProposerConfig().min_similarity)
+        key = (cfg["doc_n"], cfg["entries"] if cfg["doc_n"] else "", cfg["tau"] if cfg["doc_n"] else 0,
+               cfg["min_similarity"] if cfg["doc_n"] else 0)
         started = time.perf_counter()
         if key not in searchers:
             phrases = None
             if cfg["doc_n"]:
-                pcfg = EncoderProposerConfig(proposals=cfg["doc_n"], entries=cfg["entries"], vocabulary_tau=cfg["tau"])
+                pcfg = EncoderProposerConfig(model=args.encoder, proposals=cfg["doc_n"], entries=cfg["entries"],
+                                             vocabulary_tau=cfg["tau"], min_similarity=cfg["min_similarity"])
                 props = nearest_entries(doc_vecs, doc_held, vocabulary(cfg["entries"], cfg["tau"]), pcfg)
                 phrases = {i: p.phrases for i, p in zip(ids, props)}
             searchers[key] = build_searcher(docs, preset, phrases=phrases, tau=cfg["tau"])
@@ -138,34 +147,47 @@ def main() -> None:
         path = QueryPath(searcher, analyzer, searcher.num_docs, df_table=_df_table(searcher), tau=cfg["tau"])
         proposer = None
         if cfg["query_n"]:
-            pcfg = EncoderProposerConfig(proposals=cfg["query_n"], entries=cfg["entries"], vocabulary_tau=cfg["tau"])
+            pcfg = EncoderProposerConfig(model=args.encoder, proposals=cfg["query_n"], entries=cfg["entries"],
+                                         vocabulary_tau=cfg["tau"], min_similarity=cfg["min_similarity"])
             proposer = NearestEntries([queries[q] for q in qids], query_vecs, query_held,
                                       vocabulary(cfg["entries"], cfg["tau"]), pcfg)
         # The retriever the jobs use: DF-validated programs, w, and the scored top 100 (a query's own document is
         # dropped after ranking, as this selection always did).
         retriever = Retriever(path, proposer, w=cfg["w"], k=100)
-        _, results = retriever.run({q: queries[q] for q in qids})
+        _, ranked = retriever.run({q: queries[q] for q in qids})
         run = {q: {d: s for d, s in hits.items() if not (ds.queries_are_documents and d == q)}
-               for q, hits in ({q: {} for q in qids} | hits_by_query(results)).items()}
+               for q, hits in ({q: {} for q in qids} | hits_by_query(ranked)).items()}
         run = {q: hits or {"__none__": 0.0} for q, hits in run.items()}
         scores = evaluate(Qrels.from_dict(qrels), Run.from_dict(run), METRICS, make_comparable=True)
         row = {**cfg, **{m: round(float(scores[m]), 4) for m in METRICS}, "seconds": round(time.perf_counter() - started, 1)}
         if baseline_run is None:
             baseline_run = run
-            row["name"] = "bm25"
+            row["name"] = "baseline" if args.baseline else "bm25"
         else:
             row.update(_versus(qrels, baseline_run, run))
         results.append(row)
         print(json.dumps(row), flush=True)
     best = max(results[1:], key=lambda r: r["ndcg@10"]) if len(results) > 1 else results[0]
-    out = {"dataset": ds.name, "split": args.split, "preset": args.preset, "results": results, "best": best}
+    out = {"dataset": ds.name, "split": args.split, "preset": args.preset, "encoder": args.encoder,
+           "results": results, "best": best}
     print("best:", json.dumps(best))
     if args.output_json:
         Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output_json).write_text(json.dumps(out, indent=2))
 
 
-def _surface_vectors(encoder: MiniLMEncoder, surfaces: list[str], cache: Path) -> np.ndarray:
+def _grid(args) -> list[dict]:
+    """Every combination of the options' values, less those that cannot differ: w without query proposals, and the
+    vocabulary's settings and the cosine floor without proposals on either side (one such row: plain BM25 again)."""
+    ws, entries, taus = _floats(args.w), args.entries.split(","), _floats(args.tau)
+    floors = _floats(args.min_similarity)
+    combos = itertools.product(_ints(args.doc_n), _ints(args.query_n), entries, taus, ws, floors)
+    return [dict(doc_n=dn, query_n=qn, entries=e, tau=t, w=w, min_similarity=m) for dn, qn, e, t, w, m in combos
+            if not (qn == 0 and w != ws[0])
+            and not (dn == 0 and qn == 0 and (e != entries[0] or t != taus[0] or m != floors[0]))]
+
+
+def _surface_vectors(encoder: SentenceEncoder, surfaces: list[str], cache: Path) -> np.ndarray:
     """Embeddings of vocabulary surface forms, cached across configurations (one file, grown as needed)."""
     path, names_path = cache / "surfaces.npy", cache / "surfaces.json"
     known: dict[str, np.ndarray] = {}
@@ -180,7 +202,7 @@ def _surface_vectors(encoder: MiniLMEncoder, surfaces: list[str], cache: Path) -
         cache.mkdir(parents=True, exist_ok=True)
         np.save(path, np.stack([known[n] for n in names]))
         names_path.write_text(json.dumps(names))
-    return np.stack([known[s] for s in surfaces]) if surfaces else np.zeros((0, 384), np.float32)
+    return np.stack([known[s] for s in surfaces]) if surfaces else np.zeros((0, encoder.dim), np.float32)
 
 
 def _df_table(searcher) -> DFTable:

@@ -120,3 +120,21 @@ def test_the_docs_medians_of_the_200k_searcher_are_the_committed_runs():
     assert len(triple["runs"]) >= 3
     assert (f"k=10 **{plain['median']:.2f}x ({plain['min']:.2f}-{plain['max']:.2f}) / "
             f"{expanded['median']:.2f}x ({expanded['min']:.2f}-{expanded['max']:.2f})**") in text
+
+
+def test_bge_smalls_own_settings_tables_are_the_committed_results():
+    text = (REPO / "docs" / "embedded-models.md").read_text("utf-8")
+    tested = table_rows(text, "| dataset | BM25 | shared settings (kept)")
+    for name, cells in tested.items():
+        rows = json.loads((RESULTS / f"encoder_test_bge_{name}.json").read_text("utf-8"))["results"]
+        assert [c.split(" ")[0] for c in cells] == [f"{r['ndcg@10']:.4f}" for r in rows], name
+    assert sorted(tested) == ["arguana", "nfcorpus", "scifact"]
+    ranked = json.loads((RESULTS / "encoder_selection_summary_bge.json").read_text("utf-8"))["ranked"]
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| doc proposals | query proposals | "
+                                                                       "vocabulary | w | min cosine"))
+    first = [c.strip() for c in lines[header + 2].strip("|").split("|")]  # the best by mean delta
+    best = ranked[0]
+    assert first[:5] == [str(best["doc_n"]), str(best["query_n"]), "uni+bigram", str(best["w"]),
+                         str(best["min_similarity"])]
+    assert first[-1] == f"{best['mean_delta']:+}"

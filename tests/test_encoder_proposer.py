@@ -99,6 +99,37 @@ def test_config_version_changes_with_settings():
     assert a.version() != EncoderProposerConfig(model="bge-small-en-v1.5").version()
 
 
+
+def test_selection_harness_runs_its_grid_on_a_train_split(tiny_beir, tmp_path):
+    # bench/select_encoder_proposer.py chose the defaults above; it went unrun (and broken) for months, so a small
+    # grid runs here: BM25 first, then each combination that can differ, every row scored.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def select(*options: str) -> dict:
+        out = tmp_path / "selection.json"
+        subprocess.run([sys.executable, "bench/select_encoder_proposer.py", "--dataset", str(tiny_beir), "--split",
+                        "train", "--cache", str(tmp_path / "cache"), "--entries", "unigram", "--tau", "0.5", *options,
+                        "--output-json", str(out)],
+                       cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True, timeout=300)
+        return json.loads(out.read_text())
+
+    report = select("--doc-n", "0,2", "--query-n", "0,2", "--w", "0.25,0.5", "--min-similarity", "0.2,0.5")
+    rows = report["results"]
+    assert rows[0]["name"] == "bm25" and report["split"] == "train" and report["encoder"] == "all-MiniLM-L6-v2"
+    # plain again (one row), doc side alone (2 floors), query side alone (2 w x 2 floors), both (2 w x 2 floors)
+    sides = [(r["doc_n"], r["query_n"]) for r in rows[1:]]
+    assert sides.count((0, 0)) == 1 and sides.count((2, 0)) == 2 and len(rows) == 1 + 1 + 2 + 4 + 4
+    assert all(0 <= r["ndcg@10"] <= 1 and "p_value" in r for r in rows[1:])
+    assert report["best"] in rows[1:]
+    # Two settings tested against each other, not against BM25.
+    one = {"doc_n": 2, "query_n": 2, "entries": "unigram", "tau": 0.5, "w": 0.5, "min_similarity": 0.2}
+    paired = select("--baseline", json.dumps(one), "--only", json.dumps({**one, "w": 0.25}))["results"]
+    assert [r.get("name") for r in paired] == ["baseline", None] and paired[1]["w"] == 0.25
+    assert paired[0]["ndcg@10"] == next(r for r in rows if r["doc_n"] == r["query_n"] == 2 and r["w"] == 0.5
+                                        and r["min_similarity"] == 0.2)["ndcg@10"]
+
 # ------------------------------------------------------------------ through the jobs (Spark, Ray, Delta) ------------
 
 
