@@ -91,11 +91,21 @@ def test_the_readme_scale_table_is_the_committed_results():
     d = result(after)
     assert rows[after][0] == (f"{d['query_speed_after_nights_vs_fresh']:.2f}x "
                               f"({'equal' if d['rankings_equal_full_rebuild'] else 'differ'})")
+    # The searcher's rows: median (range) of the runs bench/medians.py summarised, recomputed from them.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_medians", REPO / "bench" / "medians.py")
+    medians = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(medians)
     for row, key, unit in (
             ("k=10 q/s against bm25s (the smaller of plain and expanded)", "query_ratio_vs_bm25s_numba", "x"),
             ("k=1000 q/s against bm25s (the smaller)", "k1000_ratio_vs_bm25s_numba", "x"),
             ("bm25s's resident memory over ours", "memory_ratio_vs_bm25s", "")):
-        assert rows[row][0] == f"{result(row)[key]:.2f}{unit}", row
+        triple = result(row)
+        assert len(triple["runs"]) >= 3 and medians.summarize(triple["runs"]) == triple["summary"]
+        assert all(run["corpus"]["num_docs"] == 1_000_000 for run in triple["runs"])
+        m = triple["summary"][key]
+        assert rows[row][0] == f"{m['median']:.2f}{unit} ({m['min']:.2f}-{m['max']:.2f})", row
 
 
 def test_the_docs_medians_of_make_bench_are_recomputed_from_the_committed_runs():
@@ -138,3 +148,14 @@ def test_bge_smalls_own_settings_tables_are_the_committed_results():
     assert first[:5] == [str(best["doc_n"]), str(best["query_n"]), "uni+bigram", str(best["w"]),
                          str(best["min_similarity"])]
     assert first[-1] == f"{best['mean_delta']:+}"
+
+
+def test_the_docs_1m_searcher_table_is_the_committed_medians():
+    text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")
+    rows = table_rows(text, "| 1M docs | 921e8a9 plain | 921e8a9 expanded | dc29eab plain")
+    triples = [json.loads((RESULTS / f"searcher_scale_1m_{name}.json").read_text("utf-8"))["summary"]
+               for name in ("921e8a9", "dc29eab_rerun")]
+    for row, key in (("k=10", "k10.ratio_vs_bm25s_numba"), ("k=1000", "k1000.ratio_vs_bm25s_numba"),
+                     ("k=10, pruned over exhaustive", "k10.pruning_speedup")):
+        cells = [summary[f"speed.{kind}_{key}"] for summary in triples for kind in ("plain", "expanded")]
+        assert rows[row] == [f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})" for m in cells], row
