@@ -43,6 +43,7 @@ from sira.core.proposers import (DEFAULT_ENCODER, EncoderProposerConfig, Vocabul
                                  surface_forms, vocabulary_entries)
 
 METRICS = ["ndcg@10", "recall@10", "recall@100"]
+FLOOR = EncoderProposerConfig.model_fields["min_similarity"].default  # the proposer's cosine floor unless swept
 
 
 def cached_encode(encoder: SentenceEncoder, texts: list[str], path: Path) -> np.ndarray:
@@ -70,7 +71,7 @@ def main() -> None:
     ap.add_argument("--entries", default="unigram,bigram")
     ap.add_argument("--tau", default="0.02,0.05,0.1")
     ap.add_argument("--w", default="0.25,0.5,1.0")
-    ap.add_argument("--min-similarity", default="0.2", help="cosine below which nothing is proposed (both sides)")
+    ap.add_argument("--min-similarity", default=str(FLOOR), help="cosine below which nothing is proposed (both sides)")
     ap.add_argument("--only", help="JSON of one configuration (doc_n, query_n, entries, tau, w) or a list of them: "
                                    "report just these")
     ap.add_argument("--baseline", help="JSON of the configuration the others are tested against (default: plain "
@@ -131,26 +132,28 @@ def main() -> None:
     baseline_run = None
     plain = dict(doc_n=0, query_n=0, entries="unigram", tau=0.05, w=0.5)
     for cfg in [json.loads(args.baseline) if args.baseline else plain] + grid:
-        cfg.setdefault("min_similarity", EncoderProposerConfig().min_similarity)
+        cfg.setdefault("min_similarity", FLOOR)
+
+        def settings(proposals: int) -> EncoderProposerConfig:  # one side's proposer settings under this cfg
+            return EncoderProposerConfig(model=args.encoder, proposals=proposals, entries=cfg["entries"],
+                                         vocabulary_tau=cfg["tau"], min_similarity=cfg["min_similarity"])
+
         key = (cfg["doc_n"], cfg["entries"] if cfg["doc_n"] else "", cfg["tau"] if cfg["doc_n"] else 0,
                cfg["min_similarity"] if cfg["doc_n"] else 0)
         started = time.perf_counter()
         if key not in searchers:
             phrases = None
             if cfg["doc_n"]:
-                pcfg = EncoderProposerConfig(model=args.encoder, proposals=cfg["doc_n"], entries=cfg["entries"],
-                                             vocabulary_tau=cfg["tau"], min_similarity=cfg["min_similarity"])
-                props = nearest_entries(doc_vecs, doc_held, vocabulary(cfg["entries"], cfg["tau"]), pcfg)
+                props = nearest_entries(doc_vecs, doc_held, vocabulary(cfg["entries"], cfg["tau"]),
+                                        settings(cfg["doc_n"]))
                 phrases = {i: p.phrases for i, p in zip(ids, props)}
             searchers[key] = build_searcher(docs, preset, phrases=phrases, tau=cfg["tau"])
         searcher = searchers[key]
         path = QueryPath(searcher, analyzer, searcher.num_docs, df_table=_df_table(searcher), tau=cfg["tau"])
         proposer = None
         if cfg["query_n"]:
-            pcfg = EncoderProposerConfig(model=args.encoder, proposals=cfg["query_n"], entries=cfg["entries"],
-                                         vocabulary_tau=cfg["tau"], min_similarity=cfg["min_similarity"])
             proposer = NearestEntries([queries[q] for q in qids], query_vecs, query_held,
-                                      vocabulary(cfg["entries"], cfg["tau"]), pcfg)
+                                      vocabulary(cfg["entries"], cfg["tau"]), settings(cfg["query_n"]))
         # The retriever the jobs use: DF-validated programs, w, and the scored top 100 (a query's own document is
         # dropped after ranking, as this selection always did).
         retriever = Retriever(path, proposer, w=cfg["w"], k=100)

@@ -50,6 +50,16 @@ def test_no_dates_in_the_docs(page):
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", page.read_text("utf-8"))
 
 
+def bench_medians():
+    """bench/medians.py as a module (bench/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_medians", REPO / "bench" / "medians.py")
+    medians = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(medians)
+    return medians
+
+
 def ndcg(path: Path, variant: str | None = None) -> str:
     summary = json.loads(path.read_text("utf-8"))
     if variant is not None:
@@ -92,11 +102,7 @@ def test_the_readme_scale_table_is_the_committed_results():
     assert rows[after][0] == (f"{d['query_speed_after_nights_vs_fresh']:.2f}x "
                               f"({'equal' if d['rankings_equal_full_rebuild'] else 'differ'})")
     # The searcher's rows: median (range) of the runs bench/medians.py summarised, recomputed from them.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_medians", REPO / "bench" / "medians.py")
-    medians = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(medians)
+    medians = bench_medians()
     for row, key, unit in (
             ("k=10 q/s against bm25s (the smaller of plain and expanded)", "query_ratio_vs_bm25s_numba", "x"),
             ("k=1000 q/s against bm25s (the smaller)", "k1000_ratio_vs_bm25s_numba", "x"),
@@ -110,11 +116,7 @@ def test_the_readme_scale_table_is_the_committed_results():
 
 def test_the_docs_medians_of_make_bench_are_recomputed_from_the_committed_runs():
     """bench/medians.py's summary of the dd3d740 triple is what its runs give, and docs/benchmarks.md quotes it."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_medians", REPO / "bench" / "medians.py")
-    medians = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(medians)
+    medians = bench_medians()
     triple = json.loads((RESULTS / "query_speed_dd3d740.json").read_text("utf-8"))
     assert len(triple["runs"]) >= 3 and medians.summarize(triple["runs"]) == triple["summary"]
     text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")

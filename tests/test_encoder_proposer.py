@@ -99,7 +99,6 @@ def test_config_version_changes_with_settings():
     assert a.version() != EncoderProposerConfig(model="bge-small-en-v1.5").version()
 
 
-
 def test_selection_harness_runs_its_grid_on_a_train_split(tiny_beir, tmp_path):
     # bench/select_encoder_proposer.py chose the defaults above; it went unrun (and broken) for months, so a small
     # grid runs here: BM25 first, then each combination that can differ, every row scored.
@@ -129,6 +128,7 @@ def test_selection_harness_runs_its_grid_on_a_train_split(tiny_beir, tmp_path):
     assert [r.get("name") for r in paired] == ["baseline", None] and paired[1]["w"] == 0.25
     assert paired[0]["ndcg@10"] == next(r for r in rows if r["doc_n"] == r["query_n"] == 2 and r["w"] == 0.5
                                         and r["min_similarity"] == 0.2)["ndcg@10"]
+
 
 # ------------------------------------------------------------------ through the jobs (Spark, Ray, Delta) ------------
 
