@@ -30,6 +30,8 @@ stdout = Console()  # results go to stdout; logs and progress go to stderr (sira
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="SIRA: single-call expert retrieval over BM25.")
 # LLM settings of the enrichment (corpus side) beyond the proposer's.
 LLM_RUN = ("backend.api_key_env", "backend.batch_size", "backend.concurrency")
+# What a hosted endpoint allows (rate, requests in flight) and how long it may take: `sira enrich` and `sira nightly`.
+LLM_LIMITS = ("backend.qps", "backend.max_in_flight", "backend.timeout_s", "backend.max_retries", "backend.max_tokens")
 
 
 @app.command()
@@ -69,8 +71,8 @@ def _job(name: str, config, fields: tuple, run, headline: str, doc: str) -> None
 
 _job("enrich", EnrichConfig, (
     "warehouse", *PROPOSER, *LLM_RUN, "task", "max_n", "limit", "commit_every", "commit_interval_s", "retry_errors",
-    "embeddings", "ray_address", "preset", "backend.qps", "backend.max_in_flight", "backend.timeout_s", "backend.max_retries",
-    "backend.max_tokens", "backend.structured_output", "backend.engine_kwargs", "backend.sampling_kwargs"),
+    "embeddings", "ray_address", "preset", *LLM_LIMITS, "backend.structured_output", "backend.engine_kwargs",
+    "backend.sampling_kwargs"),
     lambda cfg: enrich_job.run(cfg),
     "documents {documents}  enriched {enriched}  skipped {skipped}  errors {errors}  tokens in/out "
     "{input_tokens}/{output_tokens}  {docs_per_second:.2f} docs/s  {seconds:.1f} s",
@@ -242,8 +244,9 @@ def sweep(ctx: typer.Context, values: dict, verbose: bool = Verbose, output_json
 
 
 _job("nightly", nightly_job.NightlyConfig, (
-    "warehouse", "source", "enrichment", *PROPOSER, *LLM_RUN, "task", "preset", "shards", "tau", "spark_master",
-    "ray_address", "keep_days", "commit_every", "max_delete_fraction", "embeddings", "tracking.enabled", *TRACKING),
+    "warehouse", "source", "enrichment", *PROPOSER, *LLM_RUN, *LLM_LIMITS, "task", "preset", "shards", "tau",
+    "spark_master", "ray_address", "keep_days", "commit_every", "max_delete_fraction", "embeddings", "tracking.enabled",
+    *TRACKING),
     lambda cfg: nightly_job.run(cfg),
     "index v{index_version}: {ingested[inserted]} inserted, {ingested[updated]} updated, {ingested[deleted]} deleted, "
     "{ingested[unchanged]} unchanged; {enriched} enriched; {rejected} rejected; expired versions {expired_versions}",

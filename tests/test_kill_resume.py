@@ -3,7 +3,8 @@ where an uninterrupted job ends: nothing lost, nothing duplicated, and readers n
 version. Each killed job runs as a real `python -m sira.jobs.cli` process in a session of its own, so that SIGKILL takes
 its whole process group (the Spark JVM, the local Ray) like an OOM kill or a lost machine would; the reruns and the
 uninterrupted references run in this process (a cold JVM or Ray start costs a minute on 2 cores). The enrich case is
-test_enrich_openai.py::test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates."""
+test_enrich_openai.py::test_killed_job_keeps_its_commits_and_a_rerun_completes_without_duplicates; a whole night
+killed in its enrichment is in test_nightly.py."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ a following `sira serve` that switches versions under load (real Spark, Ray, Del
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,14 +14,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TINY_DOCS
+from conftest import TINY_DOCS, kill_when, start_job
 from fake_openai import document_of
 from sira.jobs import cli
 from sira.jobs import nightly as nightly_job
-from sira.pipelines.storage.delta_io import read_table
+from sira.pipelines.storage.delta_io import read_table, table_version
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.index.retention import expire_versions, expired_versions
-from sira.pipelines.index.catalog import IndexNotFound, find_index
+from sira.pipelines.index.catalog import IndexNotFound, find_index, published_versions
 from sira.pipelines.serving.shard_loader import load_searcher
 from sira.pipelines.tracking.tracking import TrackingConfig
 from sira.core import tables
@@ -120,6 +121,72 @@ def test_nightly_updates_incrementally_and_publishes_a_new_version(tmp_path, fak
     assert set(stats.to_pylist()) == set(tables.term_stats_versions_of(find_index(wh))) == \
         {first["index_version"], second["index_version"]}
     assert load_searcher(wh)[0].search("zebrafish", k=1)[0].doc_id == "d13"
+
+
+# Night 2 of the kill test: seven changed, two added and one deleted document, so that a night killed in its
+# enrichment has committed some of the nine proposals it asks for and not the others.
+KILL_NIGHT_CHANGED = {"d01", "d02", "d03", "d04", "d05", "d06", "d07"}
+KILL_NIGHT_2 = [{**d, "text": d["text"] + " Reviewed again in 2026."} if d["_id"] in KILL_NIGHT_CHANGED else d
+                for d in TINY_DOCS if d["_id"] != "d08"] + [
+    ADDED, {"_id": "d14", "title": "Sourdough", "text": "Lactobacilli and wild yeast leaven sourdough bread."}]
+KILL_NIGHT_NEW = KILL_NIGHT_CHANGED | {ADDED["_id"], "d14"}  # the documents night 2 enriches
+
+
+def test_a_night_killed_in_its_enrichment_resumes_to_the_index_of_an_uninterrupted_night(tmp_path, fake_openai,
+                                                                                         spark):
+    base = str(tmp_path / "base")
+    fake_openai.reset("ok")
+    nightly_job.run(config(base, snapshot(tmp_path / "night1.jsonl", TINY_DOCS), fake_openai, tmp_path))
+    killed, reference = (str(shutil.copytree(base, tmp_path / name)) for name in ("killed", "reference"))
+    source = snapshot(tmp_path / "night2.jsonl", KILL_NIGHT_2)
+    published = [r["index_version"] for r in published_versions(killed)]
+    to_enrich = [d for d in KILL_NIGHT_2 if d["_id"] in KILL_NIGHT_NEW]
+
+    # The night as cron runs it, one request at a time and 0.3 s each: killed (its process group: Ray, the JVM) once
+    # its enrichment has committed a first chunk of two.
+    enrichment = tables.table_uri(killed, tables.ENRICHMENT)
+    before = table_version(enrichment)
+    fake_openai.reset("ok", delay_s=0.3)
+    log = tmp_path / "killed.log"
+    kill_when(start_job([
+        "nightly", "--warehouse", killed, "--source", source, "--backend", "openai", "--model", "fake-model",
+        "--base-url", fake_openai.base_url, "--timeout-s", "5", "--max-retries", "1", "--batch-size", "4",
+        "--max-in-flight", "1", "--commit-every", "2", "--shards", "2", "--spark-master", "local[2]",
+        "--no-tracking"], log), log, lambda: table_version(enrichment) != before, timeout_s=300)
+    docs = {r["doc_id"]: r["content_hash"] for r in read_table(tables.table_uri(killed, tables.DOCS)).to_pylist()}
+    committed = {r["doc_id"] for r in read_table(enrichment).to_pylist() if r["content_hash"] == docs.get(r["doc_id"])
+                 and r["doc_id"] in KILL_NIGHT_NEW}
+    assert 0 < len(committed) < len(to_enrich), f"the night was not killed in its enrichment:\n{log.read_text()}"
+    assert [r["index_version"] for r in published_versions(killed)] == published  # nothing of night 2 is served
+
+    # The same night run again: nothing is ingested twice, only the proposals the killed night had not committed are
+    # asked for, and the index it publishes is the uninterrupted night's.
+    fake_openai.reset("ok")
+    rerun = nightly_job.run(config(killed, source, fake_openai, tmp_path))
+    assert rerun["ingested"] == {"inserted": 0, "updated": 0, "deleted": 0, "unchanged": len(KILL_NIGHT_2)}
+    assert rerun["enriched"] == len(to_enrich) - len(committed)
+    assert prompted_docs(fake_openai) == {document_input(d["title"], d["text"]) for d in to_enrich
+                                          if d["_id"] not in committed}
+    fake_openai.reset("ok")
+    uninterrupted = nightly_job.run(config(reference, source, fake_openai, tmp_path))
+    assert rerun["index_version"] == uninterrupted["index_version"] > max(published)
+
+    def index_of(wh: str) -> dict:  # the manifest, less when it was built and how many commits each table took
+        return {k: v for k, v in find_index(wh).items() if k != "built_at" and not k.endswith("table_version")}
+
+    assert index_of(killed) == index_of(reference)
+
+    def enriched(wh: str) -> list[tuple]:
+        rows = read_table(tables.table_uri(wh, tables.ENRICHMENT)).to_pylist()
+        assert len({tuple(r[k] for k in tables.ENRICHMENT_KEY) for r in rows}) == len(rows)  # one row per key
+        return sorted((r["doc_id"], r["content_hash"], tuple(r["phrases"] or ()), r["error"]) for r in rows)
+
+    assert enriched(killed) == enriched(reference)
+    queries = ["zebrafish regenerate", "sourdough yeast", "reviewed again", "sleep obesity", "blood clot stroke"]
+    killed_searcher, reference_searcher = load_searcher(killed)[0], load_searcher(reference)[0]
+    for query in queries:
+        assert [(h.doc_id, h.score) for h in killed_searcher.search(query, k=len(KILL_NIGHT_2))] == \
+            [(h.doc_id, h.score) for h in reference_searcher.search(query, k=len(KILL_NIGHT_2))], query
 
 
 def test_term_stats_rows_go_with_the_last_version_that_sums_them(tmp_path):
