@@ -125,6 +125,21 @@ def test_the_docs_medians_of_make_bench_are_recomputed_from_the_committed_runs()
         assert f"{dataset} **{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})**" in text
 
 
+def test_the_docs_cold_load_at_15_segments_is_the_median_of_its_committed_runs():
+    medians = bench_medians()
+    triple = json.loads((RESULTS / "cold_load_1m_15_segments_329f1b7.json").read_text("utf-8"))
+    assert len(triple["runs"]) >= 3 and medians.summarize(triple["runs"], tuple(triple["keys"])) == triple["summary"]
+    assert all(len(run["segments"]) == 15 and run["num_docs"] == 1_000_000 for run in triple["runs"])
+    s = triple["summary"]["seconds"]
+    text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")
+    assert f"**{s['median']:.1f} s ({s['min']:.1f}-{s['max']:.1f})**" in text
+    nights = json.loads((RESULTS / "nights_1m_15_329f1b7.json").read_text("utf-8"))
+    follows = [n["follow_seconds"] for n in nights["nights"][3:14]]
+    assert f"{min(follows):.1f}-{max(follows):.1f} s on nights 4-14" in text
+    assert f"{nights['nights'][14]['follow_seconds']:.1f} s on night 15" in text
+    assert f"0 of {sum(n['requests'] for n in nights['nights']):,}" in text and nights["failed_requests"] == 0
+
+
 def test_the_docs_medians_of_the_200k_searcher_are_the_committed_runs():
     triple = json.loads((RESULTS / "searcher_scale_200k_65520b2.json").read_text("utf-8"))
     text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")
