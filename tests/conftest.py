@@ -92,6 +92,14 @@ def kill_when(proc: subprocess.Popen, log: Path, landed: Callable[[], bool], tim
         proc.wait()
 
 
+def committed_since(uri: str) -> Callable[[], bool]:
+    """True once the Delta table at `uri` has a commit it did not have now (a kill point for kill_when)."""
+    from sira.pipelines.storage.delta_io import table_version
+
+    before = table_version(uri)
+    return lambda: table_version(uri) != before
+
+
 def require_local_model() -> None:
     """Skip unless the `local` extra (llama.cpp) and its packaged model are installed."""
     import importlib.util

@@ -14,12 +14,11 @@ import re
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Callable
 
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import TINY_DOCS, TINY_QUERIES, kill_when, start_job, write_beir_folder
+from conftest import TINY_DOCS, TINY_QUERIES, committed_since, kill_when, start_job, write_beir_folder
 from sira.jobs import index as index_job
 from sira.jobs import ingest as ingest_job
 from sira.jobs import query as query_job
@@ -64,12 +63,6 @@ def base_warehouse(tmp_path_factory, tiny_beir, spark) -> Path:
 
 def copy_of(base: Path, to: Path) -> str:
     return str(shutil.copytree(base, to))
-
-
-def committed_since(uri: str) -> Callable[[], bool]:
-    """True once the Delta table at `uri` has a commit it did not have now."""
-    before = table_version(uri)
-    return lambda: table_version(uri) != before
 
 
 def version_rows(wh: str, table: str, version: int) -> list[dict]:

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TINY_DOCS, kill_when, start_job
+from conftest import TINY_DOCS, committed_since, kill_when, start_job
 from fake_openai import document_of
+from test_enrich_openai import assert_one_row_per_key
 from sira.jobs import cli
 from sira.jobs import nightly as nightly_job
-from sira.pipelines.storage.delta_io import read_table, table_version
+from sira.pipelines.storage.delta_io import read_table
 from sira.pipelines.enrichment.backend_config import BackendConfig
 from sira.pipelines.index.retention import expire_versions, expired_versions
 from sira.pipelines.index.catalog import IndexNotFound, find_index, published_versions
@@ -145,14 +146,14 @@ def test_a_night_killed_in_its_enrichment_resumes_to_the_index_of_an_uninterrupt
     # The night as cron runs it, one request at a time and 0.3 s each: killed (its process group: Ray, the JVM) once
     # its enrichment has committed a first chunk of two.
     enrichment = tables.table_uri(killed, tables.ENRICHMENT)
-    before = table_version(enrichment)
+    first_commit = committed_since(enrichment)
     fake_openai.reset("ok", delay_s=0.3)
     log = tmp_path / "killed.log"
     kill_when(start_job([
         "nightly", "--warehouse", killed, "--source", source, "--backend", "openai", "--model", "fake-model",
         "--base-url", fake_openai.base_url, "--timeout-s", "5", "--max-retries", "1", "--batch-size", "4",
         "--max-in-flight", "1", "--commit-every", "2", "--shards", "2", "--spark-master", "local[2]",
-        "--no-tracking"], log), log, lambda: table_version(enrichment) != before, timeout_s=300)
+        "--no-tracking"], log), log, first_commit, timeout_s=300)
     docs = {r["doc_id"]: r["content_hash"] for r in read_table(tables.table_uri(killed, tables.DOCS)).to_pylist()}
     committed = {r["doc_id"] for r in read_table(enrichment).to_pylist() if r["content_hash"] == docs.get(r["doc_id"])
                  and r["doc_id"] in KILL_NIGHT_NEW}
@@ -178,7 +179,7 @@ def test_a_night_killed_in_its_enrichment_resumes_to_the_index_of_an_uninterrupt
 
     def enriched(wh: str) -> list[tuple]:
         rows = read_table(tables.table_uri(wh, tables.ENRICHMENT)).to_pylist()
-        assert len({tuple(r[k] for k in tables.ENRICHMENT_KEY) for r in rows}) == len(rows)  # one row per key
+        assert_one_row_per_key(rows)
         return sorted((r["doc_id"], r["content_hash"], tuple(r["phrases"] or ()), r["error"]) for r in rows)
 
     assert enriched(killed) == enriched(reference)
