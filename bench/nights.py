@@ -3,6 +3,7 @@
 
     python bench/nights.py --docs 1000000 --nights 30 --output-json bench/results/nights_1m.json
                            [--work-dir /tmp/sira-nights] [--seed 7] [--changed-fraction 0.01] [--poll-s S]
+                           [--next-night-after-follow]
     python bench/nights.py --continue-from bench/results/nights_1m.json --nights 2 --output-json MORE.json
 
 Everything runs through the real jobs with their default settings (the `sira` CLI in a subprocess of its own, each
@@ -33,7 +34,9 @@ enrichment costs the pipeline, not a model; `--backend openai --model instant --
    compacted (SegmentPolicy wrote one segment: segments == [index_version]) or merged small segments into its new
    one (`merged_segments`: the previous version's segments it lacks), follow_seconds (publish time to the
    first successful response answered by that version or a newer one) and the failed requests (non-200 or no
-   answer) from the night's start to the next night's start.
+   answer) from the night's start to the next night's start. The next night starts as soon as one ends; with
+   `--next-night-after-follow` it starts once serve has answered from the night's version (`waited_for_follow_s`),
+   as nights a day apart do, so the follow is measured without the next night's ingest and Spark start beside it.
 4. After the last night (unless `--skip-fresh-build`; and once serve answers from its version, or poll_s + 300 s passed): the last snapshot is
    built in full on a second warehouse `fresh` (as in step 1: ingest + enrich + index, same backend), then in a
    subprocess both newest enriched indexes are loaded (sira.pipelines.serving.shard_loader.load_searcher) and compared:
@@ -414,6 +417,8 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
                 **{k: run[k] for k in run if k.startswith("peak_rss_")},
             })
             n = nights[-1]
+            if args.next_night_after_follow and new and pub:
+                n["waited_for_follow_s"] = wait_for_follow(trickle, v, pub["seen_at"], poll_s)
             log(f"night {i}/{first_night + args.nights - 1}: {fraction:.0%} changed, {n['seconds']:.1f} s "
                 f"({n['fraction_of_full_build']:.1%} of the full build), v{v} "
                 f"{'new' if new else 'unchanged'}, {n['segments']} segments, {n['num_tombstones']} tombstones"
@@ -423,10 +428,7 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
         # Let serve follow the last published version before the requests stop.
         last = max((n for n in nights if n["new_version"]), key=lambda n: n["index_version"], default=None)
         if last:
-            deadline = time.time() + poll_s + 300
-            while time.time() < deadline and not trickle.first_answer(last["index_version"],
-                                                                      last["published_at_s"] + t0):
-                time.sleep(0.5)
+            wait_for_follow(trickle, last["index_version"], last["published_at_s"] + t0, poll_s)
     finally:
         trickle.stop()
         publications.stop()
@@ -464,6 +466,14 @@ def run_nights(args, work: Path, logs: Path, corpus: Path, wh: Path, base_url: s
         **serve_peaks,
     }
     return nights, serving
+
+
+def wait_for_follow(trickle, version: int, published: float, poll_s: float) -> float:
+    """Seconds waited until serve answered from `version` (or a newer one), at most poll_s + 300."""
+    started = time.time()
+    while time.time() < published + poll_s + 300 and not trickle.first_answer(version, published):
+        time.sleep(0.2)
+    return round(time.time() - started, 2)
 
 
 NOT_COMPARED = {"rankings_equal_full_rebuild": None, "query_speed_after_nights_vs_fresh": None,
@@ -610,6 +620,9 @@ def parse_args(argv=None):
     ap.add_argument("--compare-after", action="store_true",
                     help="with --continue-from: after the nights, build the last snapshot fresh and compare rankings, "
                          "query speed and the cold load (as a whole run does)")
+    ap.add_argument("--next-night-after-follow", action="store_true",
+                    help="start each night once serve answers from the previous night's version, as nights a day "
+                         "apart do (by default the next night starts at once, and its start races the follow)")
     ap.add_argument("--skip-fresh-build", action="store_true",
                     help="no fresh build of the last snapshot, no comparison (its keys null): the nights alone")
     ap.add_argument("--compare", nargs=2, help=argparse.SUPPRESS)  # worker mode

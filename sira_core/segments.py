@@ -79,14 +79,21 @@ def segment_from_rows(segment: int, shard: int, docs: pa.Table, postings: pa.Tab
     # Blocks come in runs and each block's rows by term: two stable sorts (timsort merges runs) beat a lexsort.
     by_block = np.argsort(blocks, kind="stable")
     order = by_block[np.argsort(terms[by_block], kind="stable")]
-    starts, flat_ords, flat_tfs = _list_parts(postings.column("doc_ords"), postings.column("tfs"))
-    lengths = starts[1:] - starts[:-1]
+    chunks = _list_chunks(postings.column("doc_ords"), postings.column("tfs"), where)
+    lengths = np.concatenate([np.diff(chunk[0]) for chunk in chunks] or [np.empty(0, np.int64)])
     indptr_rows = np.zeros(len(order) + 1, np.int64)
     np.cumsum(lengths[order], out=indptr_rows[1:])
     out_ords = np.empty(indptr_rows[-1], np.int32)
     out_tfs = np.empty(indptr_rows[-1], np.int32)
+    dest = np.empty(len(order), np.int64)
+    dest[order] = indptr_rows[:-1]
+    first = 0
+    for ord_offsets, ords, tf_offsets, tfs in chunks:  # each row's postings from Arrow's buffers to their place
+        rows = len(ord_offsets) - 1
+        _place_rows(ord_offsets, ords, tf_offsets, tfs, dest[first:first + rows], out_ords, out_tfs)
+        first += rows
     sorted_terms = terms[order]
-    bad = _gather_rows(order, starts, flat_ords, flat_tfs, indptr_rows, sorted_terms, n, out_ords, out_tfs)
+    bad = _first_unordered(indptr_rows, sorted_terms, n, out_ords)
     if bad >= 0:
         raise ValueError(f"{where}: the postings of term {int(sorted_terms[bad])} are not ascending ordinals "
                          f"below {n} (a block repeated, or an ordinal without its document)")
@@ -96,44 +103,51 @@ def segment_from_rows(segment: int, shard: int, docs: pa.Table, postings: pa.Tab
                         np.r_[indptr_rows[firsts], indptr_rows[-1]].astype(np.int64), out_ords, out_tfs)
 
 
-def _list_parts(ords_column, tfs_column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(row starts [rows + 1], flat ordinals int32, flat tfs int32) of two list columns of equal lengths."""
-    ords, tfs = (c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in (ords_column, tfs_column))
-    if len(ords) == 0:
-        return np.zeros(1, np.int64), np.empty(0, np.int32), np.empty(0, np.int32)
-    lengths = pc.list_value_length(ords).to_numpy(zero_copy_only=False).astype(np.int64)
-    if not np.array_equal(lengths, pc.list_value_length(tfs).to_numpy(zero_copy_only=False)):
-        raise ValueError("postings rows hold different numbers of ordinals and tfs")
-    starts = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=starts[1:])
-    return (starts, pc.list_flatten(ords).to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
-            pc.list_flatten(tfs).to_numpy(zero_copy_only=False).astype(np.int32, copy=False))
+def _list_chunks(ords_column, tfs_column, where: str) -> list[tuple[np.ndarray, ...]]:
+    """(ordinal offsets [rows + 1], ordinals int32, tf offsets, tfs int32) of each chunk of two list columns, the
+    values not copied (offsets index the chunk's value arrays); a table's chunks are its record batches."""
+    ords_chunks = ords_column.chunks if isinstance(ords_column, pa.ChunkedArray) else [ords_column]
+    tfs_chunks = tfs_column.chunks if isinstance(tfs_column, pa.ChunkedArray) else [tfs_column]
+    if [len(c) for c in ords_chunks] != [len(c) for c in tfs_chunks]:
+        ords_chunks, tfs_chunks = [pa.concat_arrays(ords_chunks)], [pa.concat_arrays(tfs_chunks)]
+    out = []
+    for ords, tfs in zip(ords_chunks, tfs_chunks):
+        if ords.null_count or tfs.null_count:
+            raise ValueError(f"{where}: a postings row without ordinals or tfs (null)")
+        ord_offsets, tf_offsets = (c.offsets.to_numpy().astype(np.int64, copy=False) for c in (ords, tfs))
+        if not np.array_equal(np.diff(ord_offsets), np.diff(tf_offsets)):
+            raise ValueError(f"{where}: postings rows hold different numbers of ordinals and tfs")
+        out.append((ord_offsets, ords.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+                    tf_offsets, tfs.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)))
+    return out
 
 
 @numba.njit(cache=True, nogil=True)
-def _gather_rows(order, starts, flat_ords, flat_tfs, out_start, sorted_terms, num_docs, out_ords, out_tfs):
-    """Copy each row's postings to its place in (term, block) order; the first sorted row where a term's ordinals
-    stop ascending (or leave 0..num_docs-1), or -1."""
-    bad = -1
-    for i in range(len(order)):
-        r = order[i]
-        o = out_start[i]
-        for p in range(starts[r], starts[r + 1]):
-            out_ords[o] = flat_ords[p]
-            out_tfs[o] = flat_tfs[p]
+def _place_rows(ord_offsets, ords, tf_offsets, tfs, dest, out_ords, out_tfs):
+    """Copy row i's postings to out[dest[i]:], rows read in storage order (the reads stream, the writes go to one
+    place per block of rows)."""
+    for i in range(len(dest)):
+        o, t = dest[i], tf_offsets[i]
+        for p in range(ord_offsets[i], ord_offsets[i + 1]):
+            out_ords[o] = ords[p]
+            out_tfs[o] = tfs[t]
             o += 1
-    for i in range(len(order)):
+            t += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_unordered(out_start, sorted_terms, num_docs, out_ords):
+    """The first sorted row where its term's ordinals stop ascending (or leave 0..num_docs-1), or -1."""
+    for i in range(len(out_start) - 1):
         lo, hi = out_start[i], out_start[i + 1]
         prev = -1
         if i > 0 and sorted_terms[i - 1] == sorted_terms[i] and out_start[i - 1] < lo:
             prev = out_ords[lo - 1]
         for p in range(lo, hi):
             if out_ords[p] <= prev or out_ords[p] >= num_docs:
-                if bad < 0:
-                    bad = i
-                break
+                return i
             prev = out_ords[p]
-    return bad
+    return -1
 
 
 def assemble_shard(shard: int, parts: Sequence[SegmentShard], dead: Sequence[np.ndarray], dfs: DFTable,
@@ -216,17 +230,28 @@ def _live_postings_of(parts: Sequence[SegmentShard], remaps: Sequence[np.ndarray
 
 def _rows_by_term(big: np.ndarray, others: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Every row of the parts (numbered big's first, then the others' one after another) in term order, and its
-    term: the others' rows sorted together (they are few), then merged into big's by binary search."""
+    term: the others' rows sorted together (they are few), then merged with big's in one pass (big's row first
+    where both hold a term)."""
     small = np.concatenate([np.asarray(t, np.int64) for t in others]) if others else np.empty(0, np.int64)
     order = np.argsort(small, kind="stable")
-    small_terms = small[order]
-    at_small = np.searchsorted(big, small_terms, side="right") + np.arange(len(small_terms))
-    at_big = np.searchsorted(small_terms, big, side="left") + np.arange(len(big))
     seq_rows = np.empty(len(big) + len(small), np.int64)
     seq_terms = np.empty(len(big) + len(small), np.int64)
-    seq_rows[at_big], seq_terms[at_big] = np.arange(len(big)), big
-    seq_rows[at_small], seq_terms[at_small] = order + len(big), small_terms
+    _merge_rows(big, small[order], order + len(big), seq_rows, seq_terms)
     return seq_rows, seq_terms
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_rows(big_terms, small_terms, small_rows, seq_rows, seq_terms):
+    """Merge two ascending term arrays (rows 0.. of big, small_rows of small) into seq_rows/seq_terms, big first on
+    a tie."""
+    i, j = 0, 0
+    for x in range(len(seq_rows)):
+        if j >= len(small_terms) or (i < len(big_terms) and big_terms[i] <= small_terms[j]):
+            seq_rows[x], seq_terms[x] = i, big_terms[i]
+            i += 1
+        else:
+            seq_rows[x], seq_terms[x] = small_rows[j], small_terms[j]
+            j += 1
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

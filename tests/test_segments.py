@@ -87,6 +87,26 @@ def test_rows_in_any_order_make_one_ordered_segment():
     assert again.doc_ids.to_pylist() == part.doc_ids.to_pylist() and np.array_equal(again.tfs, part.tfs)
 
 
+def test_rows_read_in_batches_are_placed_from_each_batch():
+    """Postings read from Parquet arrive as record batches (chunks, sliced list arrays): each row is placed from
+    its batch's buffers, also when the two list columns are chunked differently."""
+    rng = np.random.default_rng(3)
+    vectors, docs, postings = random_segment(rng, 6, [f"d{i:03d}" for i in range(80)])
+    batched = pa.Table.from_batches(postings.to_batches(max_chunksize=7))
+    assert batched.column("doc_ords").num_chunks > 1 and batched.column("doc_ords").chunk(1).offsets[0].as_py() > 0
+    uneven = batched.set_column(3, "tfs", pa.chunked_array([postings.column("tfs").combine_chunks().slice(0, 10),
+                                                            postings.column("tfs").combine_chunks().slice(10)]))
+    whole = segment_from_rows(6, 0, docs, postings)
+    for rows in (batched, uneven):
+        part = segment_from_rows(6, 0, docs, rows)
+        assert np.array_equal(part.doc_ords, whole.doc_ords) and np.array_equal(part.tfs, whole.tfs)
+        assert postings_of(part.doc_ids.to_pylist(), part.term_ids, part.indptr, part.doc_ords, part.tfs) == vectors
+    unequal = postings.set_column(3, "tfs", pa.array([[1] * (len(o) + 1) for o in postings.column("doc_ords")
+                                                      .to_pylist()], pa.list_(pa.int32())))
+    with pytest.raises(ValueError, match="segment 6 shard 0: postings rows hold different numbers"):
+        segment_from_rows(6, 0, docs, unequal)
+
+
 def test_a_repeated_block_is_named():
     rng = np.random.default_rng(2)
     _, docs, postings = random_segment(rng, 5, [f"d{i}" for i in range(20)])

@@ -59,12 +59,16 @@ def test_first_load_writes_the_cache_and_later_loads_map_it(tmp_path, reference)
     assert again.doc_ids.to_pylist() == reference.shards[1].doc_ids.to_pylist()
     assert same_results(ranked(first, reference), ranked(reference.shards[1], reference))
     assert same_results(ranked(again, reference), ranked(reference.shards[1], reference))
+    marker = json.loads((shard_dir("/wh/a", MANIFEST, 1, tmp_path) / "complete.json").read_text())
+    for name, written in marker["files"].items():  # the checksums made from memory are the files' own
+        assert shard_cache._crc32(shard_dir("/wh/a", MANIFEST, 1, tmp_path) / f"{name}.npy") == written["crc32"]
 
 
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate", "drop the marker", "other format"])
 def test_a_damaged_entry_is_rebuilt_not_served(tmp_path, reference, damage):
     load = CountingLoader(reference)
     cached_shard("/wh/a", MANIFEST, 0, load, tmp_path)
+    shard_cache._VERIFIED.clear()  # the next open as a later process makes it: nothing checked yet
     folder = shard_dir("/wh/a", MANIFEST, 0, tmp_path)
     impacts = folder / "impacts.npy"
     if damage == "flip a byte":
@@ -93,14 +97,12 @@ def test_a_writer_killed_mid_write_leaves_nothing_that_is_served(tmp_path, refer
         from sira.core.memory_index import build_searcher
         from tests.test_shard_cache import DOCS, PRESET, MANIFEST
         searcher = build_searcher(DOCS, PRESET, num_shards=2)
-        synced = []
-        real_fsync = os.fsync
-        def dying_fsync(fd):
-            real_fsync(fd)
-            synced.append(fd)
-            if len(synced) == 2:
+        written = []
+        def dying_checksum(path, array):  # called once a file is written
+            written.append(path)
+            if len(written) == 2:
                 os._exit(9)
-        os.fsync = dying_fsync
+        shard_cache._crc32_written = dying_checksum
         shard_cache.cached_shard("/wh/a", MANIFEST, 0, lambda w, m, s: searcher.shards[s], {str(tmp_path)!r})
     """)
     assert subprocess.run([sys.executable, "-c", script]).returncode == 9
@@ -157,12 +159,28 @@ def test_segments_are_read_once_and_a_damaged_one_is_read_again(tmp_path):
     folder = next((tmp_path / shard_cache.warehouse_key("/wh/a") / "segments" / "table-1").glob("seg-4-shard-0.*"))
     data = bytearray((folder / "tfs.npy").read_bytes())
     data[-1] ^= 0x01
-    (folder / "tfs.npy").write_bytes(bytes(data))
+    replaced = folder / "tfs.npy.new"
+    replaced.write_bytes(bytes(data))
+    replaced.rename(folder / "tfs.npy")  # another file now: checked again, though this process checked the old one
     shard_cache.cached_segments("/wh/a", "table-1", [1, 4, 6], 0, read, tmp_path)
     assert read.asked[-1] == [4]
     # A warehouse created again at the same place has new table ids: nothing of the old one matches.
     shard_cache.cached_segments("/wh/a", "table-2", [1], 0, read, tmp_path)
     assert read.asked[-1] == [1]
+
+
+def test_a_follow_reads_no_checksum_it_has_read_and_a_later_process_reads_them_again(tmp_path, monkeypatch):
+    read = CountingReader()
+    shard_cache.cached_segments("/wh/a", "table-1", [1, 4], 0, read, tmp_path)  # written here: nothing to read back
+    checked = []
+    real_crc32 = shard_cache._crc32
+    monkeypatch.setattr(shard_cache, "_crc32", lambda path: checked.append(path.name) or real_crc32(path))
+    shard_cache._VERIFIED.clear()  # a server started later: it checks what it maps
+    shard_cache.cached_segments("/wh/a", "table-1", [1, 4], 0, read, tmp_path)
+    assert len(checked) == 2 * len(segment(1).arrays())
+    checked.clear()
+    shard_cache.cached_segments("/wh/a", "table-1", [1, 4, 6], 0, read, tmp_path)  # it follows a night
+    assert checked == [] and read.asked == [[1, 4], [6]]
 
 
 def test_segments_and_statistics_go_when_no_kept_version_lists_them(tmp_path, reference, monkeypatch):

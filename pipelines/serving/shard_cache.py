@@ -27,9 +27,9 @@ wrote them; the Delta table's id (new when a warehouse is created again at the s
 The warehouse key hashes the warehouse URI; the fingerprint hashes the whole manifest row (corpus_stats), so
 a warehouse rebuilt under the same version number, or a changed table version, never matches an old entry.
 
-Never serving a stale or half-written shard: a writer fills a temporary sibling folder, fsyncs it, writes
-complete.json last and renames the folder into place, so a killed writer leaves only a temporary folder
-(removed by a later writer), never a shard folder. A reader accepts a folder only when complete.json has
+Never serving a stale or half-written shard: a writer fills a temporary sibling folder, writes complete.json
+last and renames the folder into place, so a killed writer leaves only a temporary folder (removed by a later
+writer), never a shard folder; a crash that loses written pages leaves files that fail their checks. A reader accepts a folder only when complete.json has
 the same format version and fingerprint and every file has its recorded size and CRC32; otherwise the
 folder is removed and the shard rebuilt from Delta. Checksums are read with plain file reads (1.3 GB/s),
 so checking does not make the mapping resident. One writer per shard at a time (an advisory file lock);
@@ -143,7 +143,9 @@ def write_shard(folder: Path, index: ShardIndex, fingerprint: str, extra: dict |
 
 
 def write_folder(folder: Path, arrays: dict[str, np.ndarray], identity: dict) -> None:
-    """Write `arrays` as one cache folder atomically; `identity` goes into its marker and must match on open."""
+    """Write `arrays` as one cache folder atomically; `identity` goes into its marker and must match on open. Not
+    fsynced: every other process checks each file's size and CRC32 before it serves it, so a folder a crash left
+    with lost pages is rebuilt, never served, and syncing gigabytes would only delay this searcher."""
     _remove_dead_temporaries(folder.parent)
     tmp = folder.with_name(f"{_TMP_PREFIX}{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
@@ -151,19 +153,13 @@ def write_folder(folder: Path, arrays: dict[str, np.ndarray], identity: dict) ->
         files = {}
         for name, array in arrays.items():
             path = tmp / f"{name}.npy"
+            array = np.ascontiguousarray(array)
             with open(path, "wb") as fh:
-                np.save(fh, np.ascontiguousarray(array), allow_pickle=False)
-                fh.flush()
-                os.fsync(fh.fileno())
-            files[name] = {"bytes": path.stat().st_size, "crc32": _crc32(path)}
+                np.lib.format.write_array(fh, array, allow_pickle=False)
+            files[name] = {"bytes": path.stat().st_size, "crc32": _crc32_written(path, array)}
         marker = {"format": FORMAT_VERSION, **identity, "files": files}
-        with open(tmp / MARKER, "w", encoding="utf-8") as fh:
-            json.dump(marker, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1), encoding="utf-8")
         os.rename(tmp, folder)
-        _fsync_dir(folder.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -180,8 +176,10 @@ def open_shard(folder: Path, shard: int, fingerprint: str, verify: bool = True) 
 
 def open_folder(folder: Path, identity: dict, verify: bool = True) -> dict[str, np.ndarray]:
     """Memory-map the arrays of a complete cache folder whose marker holds `identity`; CacheCorrupt otherwise (or
-    when a file is missing, has another size or, with `verify`, fails its checksum: not checked again by the process
-    that has just written it)."""
+    when a file is missing, has another size or, with `verify`, fails its checksum). The checksums are read once
+    per process and folder: not again by the process that has just written it (`verify=False`), nor when a server
+    that follows a night opens the segments it checked at its previous load (a file whose inode, time and size
+    are those it had then)."""
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -192,16 +190,21 @@ def open_folder(folder: Path, identity: dict, verify: bool = True) -> dict[str, 
     arrays = {}
     for name, expected in marker["files"].items():
         path = folder / f"{name}.npy"
-        size = path.stat().st_size if path.exists() else None
-        if size != expected["bytes"]:
-            raise CacheCorrupt(f"{path.name}: {size} bytes, {expected['bytes']} expected")
-        if verify and _crc32(path) != expected["crc32"]:
+        seen = path.stat() if path.exists() else None
+        if seen is None or seen.st_size != expected["bytes"]:
+            raise CacheCorrupt(f"{path.name}: {seen and seen.st_size} bytes, {expected['bytes']} expected")
+        key = (str(path), seen.st_ino, seen.st_mtime_ns, seen.st_size)
+        if verify and key not in _VERIFIED and _crc32(path) != expected["crc32"]:
             raise CacheCorrupt(f"{path.name}: checksum mismatch")
+        _VERIFIED.add(key)
         try:
             arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:  # removed since the check by a pruning process, or unreadable
             raise CacheCorrupt(f"{path.name}: {exc}") from None
     return arrays
+
+
+_VERIFIED: set[tuple[str, int, int, int]] = set()  # (file, inode, mtime, size) checked or written by this process
 
 
 def cached_segments(warehouse: str, table_id: str, segments: list[int], shard: int,
@@ -264,12 +267,12 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _crc32_written(path: Path, array: np.ndarray) -> int:
+    """The CRC32 of the .npy file just written from `array`: its header read back, its data from memory (reading
+    the file again would copy every byte once more)."""
+    with open(path, "rb") as fh:
+        header = fh.read(path.stat().st_size - array.nbytes)
+    return zlib.crc32(array.reshape(-1).view(np.uint8), zlib.crc32(header))
 
 
 @contextmanager

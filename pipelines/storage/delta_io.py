@@ -41,7 +41,6 @@ def read_table(
 ) -> pa.Table:
     """Read one version of a table; `filters` are AND-ed tuples like ("shard", "=", 3) or ("segment", "in", [1, 4]).
     Partition columns in `filters` prune whole files."""
-    table = _snapshot(uri, version) if version is not None else _open(uri, None)
     expr = None
     for col, op, value in filters or ():
         if op == "=":
@@ -51,9 +50,7 @@ def read_table(
         else:
             raise ValueError(f"unsupported filter operator {op!r}")
         expr = term if expr is None else expr & term
-    with _OPENING:  # a DeltaTable is one Rust object: one thread at a time lists its files
-        dataset = table.to_pyarrow_dataset()
-    return dataset.to_table(columns=list(columns) if columns else None, filter=expr)
+    return _dataset(uri, version).to_table(columns=list(columns) if columns else None, filter=expr)
 
 
 _OPENING = threading.Lock()
@@ -80,6 +77,28 @@ def _snapshot(uri: str, version: int) -> DeltaTable:
 @lru_cache(maxsize=16)
 def _snapshot_of(uri: str, version: int, size: int, mtime_ns: int) -> DeltaTable:
     return _open(uri, version)
+
+
+def _dataset(uri: str, version: int | None):
+    """The files of one version of a table as a pyarrow dataset; a committed version's is made once per process (a
+    loader reads 2 x segments x shards partitions of one version, and listing a table of thousands of files with
+    their partition values costs tens of milliseconds each time)."""
+    if version is not None:
+        fs, path = _filesystem(uri)
+        info = fs.get_file_info(f"{path.rstrip('/')}/_delta_log/{version:020d}.json")
+        if info.type != pafs.FileType.NotFound:
+            return _dataset_of(uri, version, info.size, info.mtime_ns)
+    return _list_files(_open(uri, version))
+
+
+@lru_cache(maxsize=16)
+def _dataset_of(uri: str, version: int, size: int, mtime_ns: int):
+    return _list_files(_snapshot_of(uri, version, size, mtime_ns))
+
+
+def _list_files(table: DeltaTable):
+    with _OPENING:  # a DeltaTable is one Rust object: one thread at a time lists its files
+        return table.to_pyarrow_dataset()
 
 
 # Files of at most this size: delta-rs buffers a file's rows before writing it, so this bounds a streamed write's
