@@ -140,6 +140,23 @@ def test_the_docs_cold_load_at_15_segments_is_the_median_of_its_committed_runs()
     assert f"0 of {sum(n['requests'] for n in nights['nights']):,}" in text and nights["failed_requests"] == 0
 
 
+def test_the_docs_cold_load_and_follow_at_d0111fd_are_the_committed_runs():
+    medians = bench_medians()
+    rounds = json.loads((RESULTS / "cold_load_1m_15_segments_d0111fd.json").read_text("utf-8"))
+    assert len(rounds["runs"]) >= 3 and medians.summarize(rounds["runs"], tuple(rounds["keys"])) == rounds["summary"]
+    assert all(len(run["segments"]) == 15 and run["num_docs"] == 1_000_000 and run["commit"] == "d0111fd"
+               and run["baseline_commit"] == "c1e2cb0" for run in rounds["runs"])
+    text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")
+    new, base, speedup = (rounds["summary"][k] for k in ("seconds", "baseline_seconds", "speedup_vs_baseline"))
+    assert f"d0111fd **{new['median']:.1f} s ({new['min']:.1f}-{new['max']:.1f})**" in text
+    assert f"against {base['median']:.1f} s ({base['min']:.1f}-{base['max']:.1f}) for c1e2cb0" in text
+    assert f"**{speedup['median']:.2f}x ({speedup['min']:.2f}-{speedup['max']:.2f})**" in text
+    nights = json.loads((RESULTS / "nights_1m_more_d0111fd.json").read_text("utf-8"))
+    assert nights["git_commit"].startswith("d0111fd") and "--next-night-after-follow" in nights["command"]
+    assert "Follow " + ", ".join(f"{n['follow_seconds']:.1f} s" for n in nights["nights"]) in text
+    assert f"0 of {nights['serving']['requests']:,} requests failed" in text and nights["failed_requests"] == 0
+
+
 def test_the_docs_medians_of_the_200k_searcher_are_the_committed_runs():
     triple = json.loads((RESULTS / "searcher_scale_200k_65520b2.json").read_text("utf-8"))
     text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")

@@ -85,7 +85,9 @@ def warm_up(shard) -> None:
 
     if not len(shard.term_ids):
         return
-    rows = np.argsort(np.diff(shard.indptr))[-3:]
+    lengths = np.diff(shard.indptr)
+    # the three longest lists, without sorting millions of lengths
+    rows = np.sort(np.argpartition(lengths, -3)[-3:]) if len(lengths) > 3 else np.arange(len(lengths))
     query = WeightedQuery(tuple(str(t) for t in shard.term_ids[rows]), np.asarray(shard.term_ids[rows], np.int64),
                           np.ones(len(rows), np.float32))
     for scorer in ("pruned", "exhaustive"):
