@@ -193,3 +193,13 @@ def test_the_docs_1m_searcher_table_is_the_committed_medians():
                      ("k=10, pruned over exhaustive", "k10.pruning_speedup")):
         cells = [summary[f"speed.{kind}_{key}"] for summary in triples for kind in ("plain", "expanded")]
         assert rows[row] == [f"{m['median']:.2f} ({m['min']:.2f}-{m['max']:.2f})" for m in cells], row
+
+
+def test_the_docs_night_of_two_commits_is_the_committed_run():
+    pair = json.loads((RESULTS / "night_16_d0111fd_vs_3350e31.json").read_text("utf-8"))
+    text = (REPO / "docs" / "benchmarks.md").read_text("utf-8")
+    seconds = {k: run["summary"]["seconds"] for k, run in pair["runs"].items()}
+    assert seconds == pair["seconds"] and [run["commit"] for run in pair["runs"].values()] == [
+        "d0111fd", "3350e31", "d0111fd", "3350e31"]
+    assert (f"d0111fd {seconds['a1']:.1f} s and {seconds['a2']:.1f} s, 3350e31 (the month's code) "
+            f"{seconds['b1']:.1f} s and {seconds['b2']:.1f} s") in text
