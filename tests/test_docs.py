@@ -103,6 +103,16 @@ def test_the_readme_scale_table_is_the_committed_results():
                               f"({'equal' if d['rankings_equal_full_rebuild'] else 'differ'})")
     # The searcher's rows: median (range) of the runs bench/medians.py summarised, recomputed from them.
     medians = bench_medians()
+    cold = "cold load, 15 segments, no shard cache: seconds, median (range) of 5; against c1e2cb0"
+    d = result(cold)
+    assert medians.summarize(d["runs"], tuple(d["keys"])) == d["summary"] and len(d["runs"]) == 5
+    s, x = d["summary"]["seconds"], d["summary"]["speedup_vs_baseline"]
+    assert rows[cold][0] == f"{s['median']:.1f} s ({s['min']:.1f}-{s['max']:.1f}); {x['median']:.2f}x"
+    follow = "follow: a night's publish to the server's first answer from it, 4 nights a day apart"
+    d = result(follow)
+    seconds = [n["follow_seconds"] for n in d["nights"]]
+    assert len(seconds) == 4 and "--next-night-after-follow" in d["command"]
+    assert rows[follow][0] == f"{min(seconds):.1f}-{max(seconds):.1f} s"
     for row, key, unit in (
             ("k=10 q/s against bm25s (the smaller of plain and expanded)", "query_ratio_vs_bm25s_numba", "x"),
             ("k=1000 q/s against bm25s (the smaller)", "k1000_ratio_vs_bm25s_numba", "x"),
