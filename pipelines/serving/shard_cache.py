@@ -29,13 +29,13 @@ a warehouse rebuilt under the same version number, or a changed table version, n
 
 Never serving a stale or half-written shard: a writer fills a temporary sibling folder, writes complete.json
 last and renames the folder into place, so a killed writer leaves only a temporary folder (removed by a later
-writer), never a shard folder; a crash that loses written pages leaves files that fail their checks. A reader accepts a folder only when complete.json has
-the same format version and fingerprint and every file has its recorded size and CRC32; otherwise the
-folder is removed and the shard rebuilt from Delta. Checksums are read with plain file reads (1.3 GB/s),
-so checking does not make the mapping resident. One writer per shard at a time (an advisory file lock);
-the others wait and then open what it wrote. After a write, versions of the same warehouse other than the
-KEEP_VERSIONS newest are removed (deleting mapped files is safe on POSIX: a process still using them keeps
-its mapping).
+writer), never a shard folder; a crash that loses written pages leaves files that fail their checks. A reader
+accepts a folder only when complete.json has the same format version and fingerprint and every file has its
+recorded size and CRC32; otherwise the folder is removed and the shard rebuilt from Delta. Checksums are read
+with plain file reads (1.3 GB/s), so checking does not make the mapping resident. One writer per shard at a time
+(an advisory file lock); the others wait and then open what it wrote. After a write, versions of the same
+warehouse other than the KEEP_VERSIONS newest are removed (deleting mapped files is safe on POSIX: a process still
+using them keeps its mapping).
 """
 
 from __future__ import annotations
@@ -174,6 +174,9 @@ def open_shard(folder: Path, shard: int, fingerprint: str, verify: bool = True) 
         raise CacheCorrupt(f"inconsistent arrays: {exc}") from None
 
 
+_VERIFIED: set[tuple[str, int, int, int]] = set()  # (file, inode, mtime, size) checked or written by this process
+
+
 def open_folder(folder: Path, identity: dict, verify: bool = True) -> dict[str, np.ndarray]:
     """Memory-map the arrays of a complete cache folder whose marker holds `identity`; CacheCorrupt otherwise (or
     when a file is missing, has another size or, with `verify`, fails its checksum). The checksums are read once
@@ -202,9 +205,6 @@ def open_folder(folder: Path, identity: dict, verify: bool = True) -> dict[str, 
         except (OSError, ValueError) as exc:  # removed since the check by a pruning process, or unreadable
             raise CacheCorrupt(f"{path.name}: {exc}") from None
     return arrays
-
-
-_VERIFIED: set[tuple[str, int, int, int]] = set()  # (file, inode, mtime, size) checked or written by this process
 
 
 def cached_segments(warehouse: str, table_id: str, segments: list[int], shard: int,

@@ -67,11 +67,16 @@ def _snapshot(uri: str, version: int) -> DeltaTable:
     """A committed version of a table, opened once per process: a loader that reads one table version per shard
     and segment replays its log once. Keyed by the version's commit file as well (size and time), so a table
     created again at the same place is opened again."""
+    key = _commit_key(uri, version)
+    return _open(uri, version) if key is None else _snapshot_of(uri, version, *key)
+
+
+def _commit_key(uri: str, version: int) -> tuple[int, int] | None:
+    """(size, mtime) of a version's commit file; None when the log was cleaned up past a checkpoint (nothing to
+    key on)."""
     fs, path = _filesystem(uri)
     info = fs.get_file_info(f"{path.rstrip('/')}/_delta_log/{version:020d}.json")
-    if info.type == pafs.FileType.NotFound:  # the log was cleaned up past a checkpoint: nothing to key on
-        return _open(uri, version)
-    return _snapshot_of(uri, version, info.size, info.mtime_ns)
+    return None if info.type == pafs.FileType.NotFound else (info.size, info.mtime_ns)
 
 
 @lru_cache(maxsize=16)
@@ -83,12 +88,8 @@ def _dataset(uri: str, version: int | None):
     """The files of one version of a table as a pyarrow dataset; a committed version's is made once per process (a
     loader reads 2 x segments x shards partitions of one version, and listing a table of thousands of files with
     their partition values costs tens of milliseconds each time)."""
-    if version is not None:
-        fs, path = _filesystem(uri)
-        info = fs.get_file_info(f"{path.rstrip('/')}/_delta_log/{version:020d}.json")
-        if info.type != pafs.FileType.NotFound:
-            return _dataset_of(uri, version, info.size, info.mtime_ns)
-    return _list_files(_open(uri, version))
+    key = _commit_key(uri, version) if version is not None else None
+    return _list_files(_open(uri, version)) if key is None else _dataset_of(uri, version, *key)
 
 
 @lru_cache(maxsize=16)
